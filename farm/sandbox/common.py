@@ -303,6 +303,15 @@ class ServerSandbox:
     def _python_inside(self) -> str:
         return sys.executable
 
+    def detach(self) -> None:
+        """Drop this handle's connections; the sandbox keeps running for the next stage."""
+        if self._client is not None:
+            self._client.close()
+
+    def started_here_and_exited(self) -> bool:
+        """True once the server this process started has exited (and is reaped); False otherwise."""
+        return self._popen is not None and self._popen.poll() is not None
+
     # ---- teardown ---------------------------------------------------------------------------
     def close(self) -> None:
         if self._closed:

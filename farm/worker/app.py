@@ -17,6 +17,7 @@ from farm.worker.lease import LeaseRenewer
 
 if TYPE_CHECKING:
     from farm.worker.llm import LLMResources
+    from farm.worker.sandboxes import SandboxResources
 
 
 class FarmRuntime:
@@ -31,6 +32,7 @@ class FarmRuntime:
         self.leases = LeaseRenewer(settings, engine=lambda: self.engine, redis_client=lambda: self.redis)
         self.aio = LoopThread()
         self._llm: LLMResources | None = None
+        self._sandboxes: SandboxResources | None = None
 
     @property
     def engine(self) -> Engine:
@@ -59,6 +61,15 @@ class FarmRuntime:
 
                 self._llm = LLMResources(self.settings, redis_client=self._redis_unlocked())
             return self._llm
+
+    @property
+    def sandboxes(self) -> SandboxResources:
+        with self._lock:
+            if self._sandboxes is None:
+                from farm.worker.sandboxes import SandboxResources
+
+                self._sandboxes = SandboxResources(self.settings)
+            return self._sandboxes
 
     def _redis_unlocked(self) -> Redis:
         if self._redis is None:

@@ -73,7 +73,7 @@ def _context(rt: FarmRuntime, claim: lifecycle.Claim, deadline: float, lease: Le
         seed=claim.seed,
         deadline=deadline,
         is_cancelled=lease.is_cancelled if lease else (lambda: True),
-        resources={"llm": rt.llm},
+        resources={"llm": rt.llm, "sandbox": rt.sandboxes},
     )
 
 

@@ -153,8 +153,30 @@ def grade(
         stdin=(nonce + "\n").encode(),
         max_output_bytes=MAX_OUTPUT_BYTES,
     )
-    outcomes, problem_text = parse_report(proc.stdout, nonce=nonce, total=len(problem.tests))
-    if proc.timed_out:
+    return score_report(
+        problem=problem,
+        stdout=proc.stdout,
+        stderr=proc.stderr,
+        nonce=nonce,
+        mode=mode,
+        timed_out=proc.timed_out,
+        timeout_s=timeout_s,
+    )
+
+
+def score_report(
+    *,
+    problem: CodeProblem,
+    stdout: str,
+    stderr: str,
+    nonce: str,
+    mode: RewardMode,
+    timed_out: bool,
+    timeout_s: float,
+) -> CodeResult:
+    """The result of a harness run from its output (however it was run: here or in a sandbox)."""
+    outcomes, problem_text = parse_report(stdout, nonce=nonce, total=len(problem.tests))
+    if timed_out:
         problem_text = f"the test run exceeded {timeout_s:g} s"
     passed = sum(t.passed for t in outcomes)
     if problem_text is None and passed < len(outcomes):
@@ -164,8 +186,8 @@ def grade(
         passed=passed,
         total=len(outcomes),
         tests=outcomes,
-        timed_out=proc.timed_out,
+        timed_out=timed_out,
         reason=problem_text,
-        stdout=proc.stdout,
-        stderr=proc.stderr,
+        stdout=stdout,
+        stderr=stderr,
     )

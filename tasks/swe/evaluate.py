@@ -122,19 +122,23 @@ def parse_pytest_summary(output: str) -> dict[str, str]:
     return statuses
 
 
-def evaluate(
-    instance: SweInstance,
-    patch: str,
-    *,
-    scratch_dir: Path,
-    python: str | Sequence[str],
-    timeout_s: float = DEFAULT_TEST_TIMEOUT_S,
-) -> SweResult:
-    """Score ``patch`` on a fresh copy of the pre-agent state in ``scratch_dir`` (created, must be empty).
+@dataclass(frozen=True)
+class PreparedRepo:
+    """A fresh copy of the pre-agent state with the patch and the hidden tests applied, ready to test."""
+
+    repo: Path
+    base_commit: str
+    restored: list[str]
+
+
+def prepare_repo(instance: SweInstance, patch: str, *, scratch_dir: Path) -> PreparedRepo | SweResult:
+    """Materialise, apply ``patch``, restore protected files, apply ``test_patch``; git only, no code runs.
+
+    Returns a ``SweResult`` (reward 0) when the patch does not apply.
 
     Raises:
-        ConfigError: bad instance data (drifted files, a test_patch that does not apply).
-        SandboxError: git failed, or pytest cannot run under ``python``.
+        ConfigError: the instance's test_patch does not apply.
+        SandboxError: git failed.
     """
     repo = scratch_dir / "repo"
     base = materialise(instance, repo)
@@ -144,17 +148,35 @@ def evaluate(
     restored = _restore_protected(repo, base)
     if (test_why := gitrepo.apply_patch(repo, instance.test_patch)) is not None:
         raise ConfigError(f"{instance.instance_id}: test_patch does not apply: {test_why}")
-    wanted = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+    return PreparedRepo(repo=repo, base_commit=base, restored=restored)
+
+
+def test_argv(instance: SweInstance, python: str | Sequence[str]) -> list[str]:
+    """The pytest command of FAIL_TO_PASS + PASS_TO_PASS, run in the prepared repository."""
     prefix = [python] if isinstance(python, str) else list(python)
-    argv = [*prefix, "-I", "-m", "pytest", "-rA", "-q", "-p", "no:cacheprovider", "--no-header", "--color=no", *wanted]
-    # Third-party plugins of the interpreter's environment must not change the outcome (or the cost).
-    proc = run_bounded(argv, cwd=repo, timeout_s=timeout_s, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
-    if "No module named pytest" in proc.stderr:
-        raise SandboxError(f"pytest is not installed for {prefix}", instance_id=instance.instance_id)
-    statuses = parse_pytest_summary(proc.stdout)
+    wanted = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+    return [*prefix, "-I", "-m", "pytest", "-rA", "-q", "-p", "no:cacheprovider", "--no-header", "--color=no", *wanted]
+
+
+#: environment of the test run: third-party plugins of the interpreter must not change the outcome (or the cost).
+TEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def score(
+    instance: SweInstance, prepared: PreparedRepo, *, stdout: str, stderr: str, timed_out: bool, timeout_s: float
+) -> SweResult:
+    """The result of a test run from its output.
+
+    Raises:
+        SandboxError: pytest could not run at all.
+    """
+    if "No module named pytest" in stderr or "No module named pytest" in stdout:
+        raise SandboxError("pytest is not installed where the tests ran", instance_id=instance.instance_id)
+    wanted = [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]
+    statuses = parse_pytest_summary(stdout)
     tests = {node: statuses.get(node, "missing") for node in wanted}
     failing = [node for node, status in tests.items() if status != "PASSED"]
-    if proc.timed_out:
+    if timed_out:
         reason: str | None = f"the tests exceeded {timeout_s:g} s"
     elif failing:
         reason = f"{len(failing)} of {len(wanted)} tests did not pass: {', '.join(failing[:5])}"
@@ -166,9 +188,37 @@ def evaluate(
         resolved=resolved,
         patch_applied=True,
         reason=reason,
-        base_commit=base,
+        base_commit=prepared.base_commit,
         tests=tests,
-        restored=restored,
-        timed_out=proc.timed_out,
-        output=proc.stdout[-4000:],
+        restored=prepared.restored,
+        timed_out=timed_out,
+        output=stdout[-4000:],
+    )
+
+
+def evaluate(
+    instance: SweInstance,
+    patch: str,
+    *,
+    scratch_dir: Path,
+    python: str | Sequence[str],
+    timeout_s: float = DEFAULT_TEST_TIMEOUT_S,
+) -> SweResult:
+    """Score ``patch`` on a fresh copy of the pre-agent state in ``scratch_dir`` (created, must be empty).
+
+    Runs the tests with ``python`` here; the farm's handler runs ``test_argv`` in a new sandbox instead.
+
+    Raises:
+        ConfigError: bad instance data (drifted files, a test_patch that does not apply).
+        SandboxError: git failed, or pytest cannot run under ``python``.
+    """
+    prepared = prepare_repo(instance, patch, scratch_dir=scratch_dir)
+    if isinstance(prepared, SweResult):
+        return prepared
+    proc = run_bounded(test_argv(instance, python), cwd=prepared.repo, timeout_s=timeout_s, env=TEST_ENV)
+    if "No module named pytest" in proc.stderr:
+        prefix = [python] if isinstance(python, str) else list(python)
+        raise SandboxError(f"pytest is not installed for {prefix}", instance_id=instance.instance_id)
+    return score(
+        instance, prepared, stdout=proc.stdout, stderr=proc.stderr, timed_out=proc.timed_out, timeout_s=timeout_s
     )

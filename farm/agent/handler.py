@@ -1,0 +1,193 @@
+"""The base of the shipped agent handlers: a sandbox made at INIT, an episode at RUN, cleanup at the end.
+
+A subclass says what its task looks like and how it is scored; this class does the rest:
+
+- ``sandbox_spec`` (None: no sandbox) and ``workspace_files`` (the task's starting files,
+  copied into the sandbox's private workspace) make the sandbox at INIT on this node;
+- ``messages`` and ``tool_names`` set up the episode; ``budgets`` bounds it;
+- ``collect`` takes what EVAL needs out of the sandbox at the end of RUN (a diff, a file),
+  so EVAL can score on a fresh copy instead of on the agent's workspace;
+- ``evaluate`` (from :class:`TaskHandler`) scores it.
+
+A retried RUN never continues a half-done episode: it closes the sandbox and starts over in a
+new one made the same way INIT made the first. ``teardown`` closes the sandbox and releases
+the job's backend slot, whichever way the job ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+from farm.agent.loop import Budgets, Episode, run_episode
+from farm.agent.toolbox import SandboxToolbox
+from farm.errors import SandboxError
+from farm.handlers.base import ConfigT, StageContext, TaskHandler
+from farm.llm.trajectory import TrajectoryBuilder
+from farm.sandbox import SandboxSpec
+from farm.sandbox.common import ServerSandbox
+from farm.schemas import RunResult, TrajectoryData
+from farm.tools.base import ToolResult
+
+#: state key of the job's sandbox id.
+SANDBOX_KEY = "sandbox"
+#: the end of the final reply kept in the job's state for EVAL (the trajectory holds all of it).
+MAX_FINAL_TEXT_CHARS = 20_000
+
+
+class AgentHandler(TaskHandler[ConfigT]):
+    """See the module docstring. Subclasses set ``config_class`` and override the hooks they need."""
+
+    #: a reply without a tool call ends the episode as the answer (math, code).
+    answer_in_text: ClassVar[bool] = False
+
+    # ---- hooks ------------------------------------------------------------------------------
+    def sandbox_spec(self, config: ConfigT) -> SandboxSpec | None:
+        """The sandbox the task runs in; None for a task without one."""
+        return SandboxSpec()
+
+    def workspace_files(self, config: ConfigT, dest: Path) -> dict[str, Any]:
+        """Write the task's starting files into ``dest``; returns state for the later stages."""
+        return {}
+
+    def tool_names(self, config: ConfigT) -> list[str]:
+        return ["bash", "editor"]
+
+    def messages(self, config: ConfigT, state: dict[str, Any], specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The first messages (system with ``specs`` described, then the task)."""
+        raise NotImplementedError
+
+    def budgets(self, config: ConfigT) -> Budgets:
+        return Budgets(max_turns=int(getattr(config, "max_turns", Budgets.max_turns)))
+
+    def collect(
+        self, config: ConfigT, state: dict[str, Any], sandbox: ServerSandbox | None, episode: Episode
+    ) -> dict[str, Any]:
+        """What EVAL needs from the sandbox, taken at the end of RUN (blocking; runs in a thread)."""
+        return {}
+
+    # ---- stages -----------------------------------------------------------------------------
+    def init(self, config: ConfigT, ctx: StageContext) -> dict[str, Any]:
+        spec = self.sandbox_spec(config)
+        if spec is None:
+            return {}
+        _, state = self._new_sandbox(config, spec, ctx)
+        return state
+
+    def _new_sandbox(
+        self, config: ConfigT, spec: SandboxSpec, ctx: StageContext
+    ) -> tuple[ServerSandbox, dict[str, Any]]:
+        sandboxes = ctx.resources["sandbox"]
+        with sandboxes.scratch_dir(prefix=f"job{ctx.job_id}-") as dest:
+            state = self.workspace_files(config, dest)
+            sandbox = sandboxes.create(spec.model_copy(update={"workspace": dest, "label": f"job {ctx.job_id}"}))
+        return sandbox, {**state, SANDBOX_KEY: sandbox.id}
+
+    async def run(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> RunResult:
+        spec = self.sandbox_spec(config)
+        sandbox: ServerSandbox | None = None
+        fresh: dict[str, Any] = {}
+        if spec is not None:
+            sandboxes = ctx.resources["sandbox"]
+            if ctx.attempt <= 1:
+                sandbox = await asyncio.to_thread(sandboxes.attach, state[SANDBOX_KEY])
+            else:
+                # The failed attempt may have left the workspace half-edited: start over.
+                await asyncio.to_thread(sandboxes.destroy, state[SANDBOX_KEY])
+                sandbox, fresh = await asyncio.to_thread(self._new_sandbox, config, spec, ctx)
+        try:
+            return await self._episode(config, {**state, **fresh}, sandbox, ctx, fresh)
+        except BaseException:
+            if fresh and sandbox is not None:  # teardown only knows the sandbox INIT made
+                await asyncio.to_thread(sandbox.close)
+            raise
+        finally:
+            if sandbox is not None:
+                sandbox.detach()
+
+    async def _episode(
+        self,
+        config: ConfigT,
+        state: dict[str, Any],
+        sandbox: ServerSandbox | None,
+        ctx: StageContext,
+        fresh: dict[str, Any],
+    ) -> RunResult:
+        llm = ctx.resources["llm"]
+        tools = SandboxToolbox(sandbox.tools(), self.tool_names(config)) if sandbox is not None else None
+        specs = [dict(spec) for spec in tools.specs] if tools is not None else []
+        tokenizer = await asyncio.to_thread(lambda: llm.tokenizer)
+        messages = self.messages(config, state, specs)
+        builder = await asyncio.to_thread(TrajectoryBuilder, tokenizer=tokenizer, messages=messages)
+        async with llm.session(ctx.job_id) as session:
+            episode = await run_episode(
+                llm=session,
+                builder=builder,
+                tools=tools,
+                sampling=ctx.sampling.model_copy(update={"seed": ctx.seed}),
+                budgets=self.budgets(config),
+                deadline=ctx.deadline,
+                is_cancelled=ctx.is_cancelled,
+                answer_in_text=self.answer_in_text,
+            )
+        collected = await asyncio.to_thread(self.collect, config, state, sandbox, episode)
+        built = episode.trajectory
+        trajectory = TrajectoryData(
+            token_ids=built.token_ids,
+            logprobs=built.logprobs,
+            loss_mask=built.loss_mask,
+            turn_offsets=[span.start for span in built.turns],
+            info=episode.info(),
+        )
+        out_state = {
+            **fresh,
+            **collected,
+            "final_text": episode.final_text[-MAX_FINAL_TEXT_CHARS:],
+            "submitted": episode.submitted,
+        }
+        return RunResult(trajectory=trajectory, outcome=episode.outcome, reason=episode.reason, state=out_state)
+
+    @contextmanager
+    def attached(self, state: dict[str, Any], ctx: StageContext) -> Iterator[ServerSandbox]:
+        """The job's sandbox, for an EVAL that scores the agent's environment as it was left."""
+        sandbox: ServerSandbox = ctx.resources["sandbox"].attach(state[SANDBOX_KEY])
+        try:
+            yield sandbox
+        finally:
+            sandbox.detach()
+
+    def teardown(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> None:
+        if SANDBOX_KEY in state:
+            ctx.resources["sandbox"].destroy(state[SANDBOX_KEY])
+        ctx.resources["llm"].release(ctx.job_id)
+
+    @staticmethod
+    def run_fresh(
+        ctx: StageContext, workspace: Path, command: str, *, timeout_s: float, outputs: list[str]
+    ) -> tuple[ToolResult, dict[str, bytes]]:
+        """Run ``command`` (bash) in a new sandbox started from ``workspace``; return it and ``outputs``.
+
+        For scoring on a fresh copy: nothing the agent left running or wrote can reach it.
+        ``outputs`` are workspace-relative files read back afterwards (a missing one is left out).
+        """
+        sandboxes = ctx.resources["sandbox"]
+        spec = SandboxSpec(workspace=workspace, label=f"job {ctx.job_id} eval")
+        with sandboxes.create(spec) as sandbox:
+            result = sandbox.run(["bash", "-c", command], timeout_s=timeout_s)
+            files: dict[str, bytes] = {}
+            for name in outputs:
+                try:
+                    files[name] = sandbox.get_file(name)
+                except SandboxError:
+                    continue
+        return result, files
+
+    @staticmethod
+    def answer_text(state: dict[str, Any]) -> str:
+        """The agent's answer: ``submit``'s ``answer`` argument, else its last reply."""
+        submitted = state.get("submitted") or {}
+        answer = submitted.get("answer")
+        return answer if isinstance(answer, str) and answer.strip() else str(state.get("final_text", ""))

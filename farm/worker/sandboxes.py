@@ -1,0 +1,78 @@
+"""What a stage gets to make sandboxes with: the node's driver and limits, bound once.
+
+Handed to handlers as ``ctx.resources["sandbox"]``, so a handler asks for a sandbox by spec
+and never sees settings. Sandboxes live on this node; a RUN or EVAL worker of the same node
+attaches to the one INIT made (the job's stages are routed here for that reason).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from farm.config import Settings
+from farm.errors import SandboxError
+from farm.sandbox import SandboxSpec, attach_sandbox, create_sandbox, sandbox_root
+from farm.sandbox.common import ServerSandbox
+
+log = logging.getLogger(__name__)
+
+
+class SandboxResources:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.driver = settings.sandbox.driver
+        # Sandboxes this process started, until their server exits: their Popen handles must
+        # live on to reap the server (another worker usually closes it).
+        self._started: dict[str, ServerSandbox] = {}
+        self._lock = threading.Lock()
+
+    def create(self, spec: SandboxSpec) -> ServerSandbox:
+        """Start a sandbox owned by this process (blocking: call from a thread in async code).
+
+        Raises:
+            SandboxUnavailable: the runtime is missing or the sandbox did not come up.
+        """
+        sandbox = create_sandbox(self._settings, spec)
+        with self._lock:
+            for sandbox_id in [i for i, s in self._started.items() if s.started_here_and_exited()]:
+                del self._started[sandbox_id]
+            self._started[sandbox.id] = sandbox
+        return sandbox
+
+    def attach(self, sandbox_id: str) -> ServerSandbox:
+        """The sandbox another worker of this node made; this process becomes its owner.
+
+        Raises:
+            SandboxError: no such sandbox here (it was reaped, or this is another node).
+        """
+        return attach_sandbox(self._settings, sandbox_id, claim=True)
+
+    def destroy(self, sandbox_id: str) -> None:
+        """Close a sandbox by id; one that is already gone is not an error."""
+        with self._lock:
+            started = self._started.pop(sandbox_id, None)
+        try:
+            sandbox = attach_sandbox(self._settings, sandbox_id, claim=True)
+        except SandboxError:
+            sandbox = None
+        if sandbox is not None:
+            sandbox.close()
+        if started is not None:
+            started.close()  # reaps the server process this process started
+
+    @contextmanager
+    def scratch_dir(self, prefix: str = "scratch-") -> Iterator[Path]:
+        """A host directory for files a sandbox starts from (removed on exit)."""
+        root = sandbox_root(self._settings) / "scratch"
+        root.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)

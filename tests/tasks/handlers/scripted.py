@@ -1,0 +1,115 @@
+"""A scripted LLM at the handler seam, and a one-process runner of a handler's three stages.
+
+The pipeline and the real backend are exercised by the farm-level tests; here a handler runs
+with real sandboxes and tools, and only the model is replaced by turns written in advance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from farm.constants import Stage
+from farm.handlers.base import StageContext, TaskHandler
+from farm.llm.types import FinishReason, GenerateResult, SamplingParams
+from farm.schemas import EvalResult, RunResult
+
+
+class ScriptedLLM:
+    """Answers turn i with ``turns[i]`` (the last one repeated), tokenized with the policy's tokenizer."""
+
+    def __init__(self, tokenizer: Any, turns: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.turns = turns
+        self.prompts: list[list[int]] = []
+        self.moves: list[tuple[str, str]] = []
+        self.backend_id: str | None = "scripted"
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None) -> GenerateResult:
+        text = self.turns[min(len(self.prompts), len(self.turns) - 1)]
+        self.prompts.append(list(prompt_ids))
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        limit = sampling.max_tokens if sampling is not None else len(ids)
+        reason = FinishReason.STOP if len(ids) <= limit else FinishReason.LENGTH
+        ids = ids[:limit]
+        return GenerateResult(
+            token_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            finish_reason=reason,
+            prompt_tokens=len(prompt_ids),
+            backend_id="scripted",
+        )
+
+
+@dataclass
+class ScriptedResources:
+    """Stands in for the worker's ``LLMResources``."""
+
+    tokenizer: Any
+    turns: list[str]
+    llm: ScriptedLLM | None = None
+    released: list[int] = field(default_factory=list)
+
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[ScriptedLLM]:
+        assert self.llm is not None
+        yield self.llm
+
+    def session(self, job_id: int) -> Any:
+        self.llm = ScriptedLLM(self.tokenizer, self.turns)
+        return self._session()
+
+    def release(self, job_id: int) -> None:
+        self.released.append(job_id)
+
+
+@dataclass
+class Outcome:
+    init_state: dict[str, Any]
+    run: RunResult
+    eval: EvalResult | None
+    llm: ScriptedLLM
+
+
+def context(stage: Stage, resources: dict[str, Any], *, attempt: int = 1, job_id: int = 1) -> StageContext:
+    return StageContext(
+        job_id=job_id,
+        batch_id=1,
+        stage=stage,
+        attempt=attempt,
+        node="test",
+        sampling=SamplingParams(max_tokens=2000, temperature=1.0),
+        seed=0,
+        deadline=time.monotonic() + 120,
+        resources=resources,
+    )
+
+
+def _resolve(value: Any) -> Any:
+    return asyncio.run(value) if asyncio.iscoroutine(value) else value
+
+
+def run_job(
+    handler: TaskHandler[Any], config: dict[str, Any], turns: list[str], *, sandboxes: Any, tokenizer: Any
+) -> Outcome:
+    """INIT, RUN, EVAL (when RUN's outcome is scored) and teardown, as the pipeline calls them."""
+    from farm.constants import POLICY_OUTCOMES
+
+    llm = ScriptedResources(tokenizer=tokenizer, turns=turns)
+    resources = {"llm": llm, "sandbox": sandboxes}
+    cfg = handler.validate(config)
+    state = _resolve(handler.init(cfg, context(Stage.INIT, resources)))
+    evaluated = None
+    try:
+        run = _resolve(handler.run(cfg, state, context(Stage.RUN, resources)))
+        state = {**state, **run.state}
+        if run.outcome in POLICY_OUTCOMES:
+            evaluated = _resolve(handler.evaluate(cfg, state, run.trajectory, context(Stage.EVAL, resources)))
+    finally:
+        _resolve(handler.teardown(cfg, state, context(Stage.EVAL, resources)))
+    assert llm.llm is not None
+    return Outcome(init_state=state, run=run, eval=evaluated, llm=llm.llm)
