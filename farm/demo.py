@@ -1,4 +1,9 @@
-"""``farm demo``: the embedded stack, one mixed batch end to end, a closing table."""
+"""``farm demo``: the embedded stack, one batch of all four task types end to end, a closing table.
+
+The built-in backend serves the tiny random model, so the rewards are mostly 0 and many episodes
+end on their turn budget (``agent_error``): the point is the pipeline, the sandboxes, the tools
+and the scoring running for real. Point ``farm up`` at a real model to see rewards move.
+"""
 
 from __future__ import annotations
 
@@ -11,35 +16,38 @@ from farm.config import Settings
 from farm.embedded import EmbeddedStack
 from farm.progress import follow, summarize, summary_table
 
-DEMO_TEXTS = ["the quick brown fox", "rollout farm", "token in, token out", "agents need sandboxes"]
-#: (question, text the reply must contain for reward 1); the tiny random model rarely earns it.
-DEMO_QUESTIONS = [("What is two plus two?", "4"), ("Name a colour.", "red"), ("Which command lists files?", "ls")]
+#: per task type: its share of the batch and the episode budget the tiny model gets.
+DEMO_MIX: dict[str, tuple[int, dict[str, Any]]] = {
+    "math": (3, {"max_turns": 1}),
+    "code": (2, {"max_turns": 3}),
+    "swe": (2, {"max_turns": 4}),
+    "harbor": (1, {"max_turns": 4}),
+}
+#: short turns: the tiny model's replies are noise, and its context is 2048 tokens.
+DEMO_SAMPLING = {"seed": 0, "temperature": 1.0, "max_tokens": 48}
+
+
+def _sample(task_type: str, n: int) -> list[dict[str, Any]]:
+    from tasks.code.dataset import sample_configs as code
+    from tasks.harbor.dataset import sample_configs as harbor
+    from tasks.math.dataset import sample_configs as math
+    from tasks.swe.dataset import sample_configs as swe
+
+    samplers = {"math": math, "code": code, "swe": swe, "harbor": harbor}
+    configs = samplers[task_type](n, seed=0)
+    return [configs[i % len(configs)] for i in range(n)]  # a family with fewer items repeats them
 
 
 def demo_tasks(num_tasks: int) -> list[dict[str, Any]]:
-    """Echo tasks (the pipeline alone) and one-turn ``generate`` tasks on the built-in backend."""
-    echo = [
-        {
-            "type": "echo",
-            "config": {
-                "text": DEMO_TEXTS[i % len(DEMO_TEXTS)],
-                "reverse": i % 2 == 1,
-                "noise": 0.1,
-                "sleep_s": {"init": 0.05, "run": 0.2, "eval": 0.05},
-            },
-            "name": f"demo-echo-{i}",
-        }
-        for i in range(num_tasks)
-    ]
-    generate = [
-        {
-            "type": "generate",
-            "config": {"messages": [{"role": "user", "content": q}], "max_tokens": 24, "reference": ref},
-            "name": f"demo-generate-{i}",
-        }
-        for i, (q, ref) in enumerate(DEMO_QUESTIONS)
-    ]
-    return echo + generate
+    """A mixed batch of the four shipped task types, in the proportions of ``DEMO_MIX``."""
+    total_share = sum(share for share, _ in DEMO_MIX.values())
+    counts = {t: max(1, num_tasks * share // total_share) for t, (share, _) in DEMO_MIX.items()}
+    counts["math"] += max(0, num_tasks - sum(counts.values()))
+    tasks = []
+    for task_type, (_, budget) in DEMO_MIX.items():
+        for i, config in enumerate(_sample(task_type, counts[task_type])):
+            tasks.append({"type": task_type, "config": {**config, **budget}, "name": f"demo-{task_type}-{i}"})
+    return tasks
 
 
 def run_demo(settings: Settings, *, num_tasks: int, group_size: int, console: Console) -> int:
@@ -51,7 +59,7 @@ def run_demo(settings: Settings, *, num_tasks: int, group_size: int, console: Co
         s = stack.settings
         assert s.api.token is not None
         with FarmClient(s.api_url, token=s.api.token.get_secret_value()) as client:
-            batch = client.submit(demo_tasks(num_tasks), group_size=group_size, sampling={"seed": 0})
+            batch = client.submit(demo_tasks(num_tasks), group_size=group_size, sampling=DEMO_SAMPLING)
             console.print(f"batch {batch.id}: {len(batch.job_ids)} jobs on {s.api_url}")
             results = follow(client, batch.id, len(batch.job_ids), console=console)
         console.print(summary_table(summarize(results), title=f"demo batch {batch.id}"))

@@ -38,7 +38,8 @@ def summarize(results: Iterable[JobResult]) -> dict[str, TypeSummary]:
             if r.trajectory.reward is not None:
                 s.rewards.append(r.trajectory.reward)
             s.tokens.append(r.trajectory.num_tokens)
-            s.turns.append(max(len(r.trajectory.turn_offsets) - 1, 0))
+            turns = r.trajectory.info.get("turns")  # the agent loop counts model turns
+            s.turns.append(turns if isinstance(turns, int) else len(r.trajectory.turn_offsets) // 2)
             for key in ("init_s", "run_s", "eval_s"):
                 if key in r.trajectory.timings:
                     s.stage_s[key].append(r.trajectory.timings[key])

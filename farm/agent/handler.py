@@ -17,6 +17,7 @@ the job's backend slot, whichever way the job ended.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -87,6 +88,7 @@ class AgentHandler(TaskHandler[ConfigT]):
         return sandbox, {**state, SANDBOX_KEY: sandbox.id}
 
     async def run(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> RunResult:
+        started = time.monotonic()
         spec = self.sandbox_spec(config)
         sandbox: ServerSandbox | None = None
         fresh: dict[str, Any] = {}
@@ -99,7 +101,7 @@ class AgentHandler(TaskHandler[ConfigT]):
                 await asyncio.to_thread(sandboxes.destroy, state[SANDBOX_KEY])
                 sandbox, fresh = await asyncio.to_thread(self._new_sandbox, config, spec, ctx)
         try:
-            return await self._episode(config, {**state, **fresh}, sandbox, ctx, fresh)
+            return await self._episode(config, {**state, **fresh}, sandbox, ctx, fresh, started)
         except BaseException:
             if fresh and sandbox is not None:  # teardown only knows the sandbox INIT made
                 await asyncio.to_thread(sandbox.close)
@@ -115,6 +117,7 @@ class AgentHandler(TaskHandler[ConfigT]):
         sandbox: ServerSandbox | None,
         ctx: StageContext,
         fresh: dict[str, Any],
+        started: float,
     ) -> RunResult:
         llm = ctx.resources["llm"]
         tools = SandboxToolbox(sandbox.tools(), self.tool_names(config)) if sandbox is not None else None
@@ -122,6 +125,7 @@ class AgentHandler(TaskHandler[ConfigT]):
         tokenizer = await asyncio.to_thread(lambda: llm.tokenizer)
         messages = self.messages(config, state, specs)
         builder = await asyncio.to_thread(TrajectoryBuilder, tokenizer=tokenizer, messages=messages)
+        setup_s = time.monotonic() - started
         async with llm.session(ctx.job_id) as session:
             episode = await run_episode(
                 llm=session,
@@ -133,7 +137,11 @@ class AgentHandler(TaskHandler[ConfigT]):
                 is_cancelled=ctx.is_cancelled,
                 answer_in_text=self.answer_in_text,
             )
+        collect_started = time.monotonic()
         collected = await asyncio.to_thread(self.collect, config, state, sandbox, episode)
+        # Time spent outside the episode proper: attaching, the first prompt, taking the result out.
+        episode.timings["setup_s"] = round(setup_s, 6)
+        episode.timings["collect_s"] = round(time.monotonic() - collect_started, 6)
         built = episode.trajectory
         trajectory = TrajectoryData(
             token_ids=built.token_ids,

@@ -10,21 +10,26 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
 class LoopThread:
-    def __init__(self) -> None:
+    def __init__(self, *, max_threads: int = 64) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        self._max_threads = max_threads
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
+                # to_thread's default pool has cpu+4 threads: on a small node that queues every
+                # episode's blocking calls (tools, balancer) behind a handful of others.
+                loop.set_default_executor(ThreadPoolExecutor(self._max_threads, thread_name_prefix="farm-aio"))
                 threading.Thread(target=loop.run_forever, name="farm-asyncio", daemon=True).start()
                 self._loop = loop
             return self._loop

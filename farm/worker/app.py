@@ -30,7 +30,8 @@ class FarmRuntime:
         self._sessions: sessionmaker[Session] | None = None
         self._redis: Redis | None = None
         self.leases = LeaseRenewer(settings, engine=lambda: self.engine, redis_client=lambda: self.redis)
-        self.aio = LoopThread()
+        # Each running episode blocks at most one pool thread at a time (a tool call, a balancer call).
+        self.aio = LoopThread(max_threads=max(32, 2 * settings.worker.run_concurrency))
         self._llm: LLMResources | None = None
         self._sandboxes: SandboxResources | None = None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +16,8 @@ from farm.worker.app import make_celery_app
 from farm.worker.stages import register_stages
 from farm.worker.sweeper import Sweeper
 
+log = logging.getLogger(__name__)
+
 
 def queues_for(stages: Sequence[Stage], node: str) -> list[str]:
     return [queue_name(stage, node) for stage in stages]
@@ -27,6 +30,13 @@ def default_concurrency(settings: Settings, stages: Sequence[Stage]) -> int:
         Stage.EVAL: settings.worker.eval_concurrency,
     }
     return sum(per_stage[s] for s in stages)
+
+
+def _warm_tokenizer(app: Any) -> None:
+    try:
+        _ = app.farm.llm.tokenizer
+    except Exception as exc:  # noqa: BLE001 - a farm without a model has nothing to warm
+        log.info("no tokenizer preloaded: %s", exc)
 
 
 def run_worker(
@@ -49,6 +59,10 @@ def run_worker(
         sweeper.start()
         # Sandboxes of a worker that was killed on this node are found by their owner pid and removed.
         start_reaper(settings, stop=stop_reaper)
+        if Stage.RUN in stages:
+            # Loading the policy's tokenizer (and importing transformers) takes seconds: do it now,
+            # not while the first batch's episodes wait for it.
+            threading.Thread(target=_warm_tokenizer, args=(app,), name="farm-warmup", daemon=True).start()
 
     def _stop(**_: Any) -> None:
         stop_reaper.set()
