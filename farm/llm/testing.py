@@ -73,13 +73,16 @@ class BuiltinServer:
         cmd += ["--port", str(self.port), "--model-name", self.model_name]
         if self.threads:
             cmd += ["--threads", str(self.threads)]
-        if isinstance(self.script, dict) and self._script_file is None:
-            fd, name = tempfile.mkstemp(prefix="farm-script-", suffix=".json")
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(self.script, out)
-            self._script_file = Path(name)
-        if self.script is not None:
-            cmd += ["--script", str(self._script_file or self.script)]
+        if isinstance(self.script, dict):
+            if self._script_file is None:
+                fd, name = tempfile.mkstemp(prefix="farm-script-", suffix=".json")
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    json.dump(self.script, out)
+                self._script_file = Path(name)
+            cmd += ["--script", str(self._script_file)]
+        elif self.script is not None:
+            # Resolved: the child runs from the repository root, not from the caller's directory.
+            cmd += ["--script", str(Path(self.script).resolve())]
         # Run from the tree this module is in, so a checkout's farm wins over an installed one.
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
@@ -91,6 +94,7 @@ class BuiltinServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.stop()  # removes the script's temporary file
                 raise RuntimeError(f"built-in backend exited with {self.proc.returncode}: {self._log_tail()}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:

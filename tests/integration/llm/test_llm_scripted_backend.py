@@ -187,3 +187,10 @@ def test_builtin_server_rejects_an_invalid_script_before_starting(tiny_model_dir
 
     with pytest.raises(ConfigError, match="regular expression"):
         BuiltinServer(model_dir=tiny_model_dir, script={"rules": [{"match": "[", "turns": ["x"]}]})
+
+
+def test_builtin_server_takes_a_script_file_relative_to_the_caller(tiny_model_dir, tmp_path, monkeypatch):
+    (tmp_path / "script.json").write_text('{"rules": [{"match": "x", "turns": ["y"]}]}')
+    monkeypatch.chdir(tmp_path)
+    with BuiltinServer(model_dir=tiny_model_dir, script=Path("script.json"), log_path=tmp_path / "log") as server:
+        assert httpx.get(f"{server.url}/v1/script").json()["rule_count"] == 1
