@@ -29,6 +29,7 @@ SCRIPT = {
     "rules": [
         *({"match": f"case-{name}\\b", "turns": [text]} for name, text in TEXTS.items()),
         {"match": "multi-turn task", "turns": MULTI_TURN},
+        {"match": "case-early-end", "turns": ["first part<|im_end|>never sent"]},
     ]
 }
 
@@ -132,6 +133,13 @@ def test_scripted_reply_stops_at_a_requested_stop_id(scripted_server, tiny_token
     stop_id = ids[3]
     result = run(generate(scripted_server, prompt, SamplingParams(max_tokens=200, stop_token_ids=[stop_id])))
     assert result.token_ids == ids[: ids.index(stop_id) + 1]
+    assert result.finish_reason is FinishReason.STOP
+
+
+def test_scripted_reply_ends_at_an_end_of_turn_inside_its_text(scripted_server, tiny_tokenizer):
+    prompt = prompt_of(tiny_tokenizer, "case-early-end")
+    result = run(generate(scripted_server, prompt, SamplingParams(max_tokens=200)))
+    assert result.token_ids == forced_ids(tiny_tokenizer, "first part")
     assert result.finish_reason is FinishReason.STOP
 
 
