@@ -99,6 +99,8 @@ class LLMSettings(BaseModel):
     builtin_host: str = "127.0.0.1"
     builtin_port: int = 8800
     builtin_max_batch: int = 16
+    #: scripted replies for the built-in backend (`farm llm serve --script`, see docs/llm.md); None samples always.
+    builtin_script: Path | None = None
 
 
 class SandboxSettings(BaseModel):

@@ -129,25 +129,22 @@ class EmbeddedStack:
             if self.with_flower:
                 self.spawn("flower", ["flower"])
             if self.with_llm:
-                llm = self.settings.llm
-                args = [
-                    "llm",
-                    "serve",
-                    str(llm.builtin_model_dir),
-                    "--host",
-                    llm.builtin_host,
-                    "--port",
-                    str(llm.builtin_port),
-                    "--model-name",
-                    llm.builtin_model_name,
-                ]
-                self.spawn("llm", args)
+                self.spawn("llm", self.builtin_args())
             self.wait_ready()
             if self.with_llm:
                 self._register_builtin_backend()
         except BaseException:
             self.stop()
             raise
+
+    def builtin_args(self) -> list[str]:
+        """The ``farm`` arguments that start the built-in backend with the stack's settings."""
+        llm = self.settings.llm
+        args = ["llm", "serve", str(llm.builtin_model_dir), "--host", llm.builtin_host, "--port", str(llm.builtin_port)]
+        args += ["--model-name", llm.builtin_model_name, "--max-batch", str(llm.builtin_max_batch)]
+        if llm.builtin_script is not None:
+            args += ["--script", str(llm.builtin_script)]
+        return args
 
     @property
     def builtin_url(self) -> str:

@@ -22,16 +22,39 @@ llm = click.Group("llm", help="LLM backends: the built-in CPU server and the tin
 @click.option("--model-name", default=DEFAULT_MODEL_NAME, show_default=True, help="name served at /v1/models")
 @click.option("--max-batch", default=None, type=int, help="sequences decoded per step (default: the engine's, 16)")
 @click.option("--threads", default=1, show_default=True, type=int, help="torch CPU threads (0: torch's choice)")
-def serve(model_dir: Path, host: str, port: int, model_name: str, max_batch: int | None, threads: int) -> None:
+@click.option(
+    "--script",
+    "script_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help='scripted replies, JSON {"rules": [{"match": REGEX, "turns": [TEXT, ...]}]}; unmatched prompts are sampled',
+)
+def serve(
+    model_dir: Path,
+    host: str,
+    port: int,
+    model_name: str,
+    max_batch: int | None,
+    threads: int,
+    script_path: Path | None,
+) -> None:
     """Serve MODEL_DIR with vLLM's endpoints (/v1/completions, /inference/v1/generate, /metrics)."""
     import uvicorn
+
+    from farm.errors import ConfigError
+    from farm.llm.script import load_script
+
+    try:
+        script = load_script(script_path) if script_path is not None else None
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--script") from exc
 
     from farm.llm.engine import Engine
     from farm.llm.server import create_app
 
     # torch loads only here: mounting this group into `farm` must not import it.
     engine = Engine(model_dir=model_dir, threads=threads or None, **({"max_batch": max_batch} if max_batch else {}))
-    app = create_app(model_dir=model_dir, model_name=model_name, engine=engine)
+    app = create_app(model_dir=model_dir, model_name=model_name, engine=engine, script=script)
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 

@@ -7,6 +7,11 @@ cache as it is.
 Logprobs are vLLM's default ``raw_logprobs``: the log-softmax of the model's unmodified logits,
 before temperature, top-k or top-p. They are the logprobs a trainer recomputes with a plain forward
 pass, whatever the sampling settings were.
+
+A request may carry ``forced`` ids (a scripted reply, ``farm.llm.script``): its sequence then takes
+the next forced id instead of sampling one, reports that id's logprob exactly as it would a sampled
+one, and ends like any other sequence (a stop id, ``max_tokens``) or when the forced ids run out.
+It batches and uses the prefix cache like any other sequence.
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ class _Sequence:
     future: Future[EngineOutput]
     submitted_at: float
     generator: torch.Generator
+    #: ids to emit instead of sampling (a scripted reply); None samples.
+    forced: list[int] | None = None
     keys: list[torch.Tensor] = field(default_factory=list)  # per layer: (kv_heads, capacity, head_dim)
     values: list[torch.Tensor] = field(default_factory=list)
     length: int = 0  # tokens whose KV is in the buffers
@@ -105,7 +112,14 @@ class Engine:
         self._running: list[_Sequence] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.stats = {"requests": 0, "prompt_tokens": 0, "generation_tokens": 0, "cached_tokens": 0, "cache_hits": 0}
+        self.stats = {
+            "requests": 0,
+            "scripted_requests": 0,
+            "prompt_tokens": 0,
+            "generation_tokens": 0,
+            "cached_tokens": 0,
+            "cache_hits": 0,
+        }
 
     # ---- public API -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -125,15 +139,19 @@ class Engine:
     def num_waiting(self) -> int:
         return self._inbox.qsize()
 
-    def submit(self, prompt: list[int], params: SamplingParams, *, num_top_logprobs: int = 0) -> Future[EngineOutput]:
-        """Queue one generation.
+    def submit(
+        self, prompt: list[int], params: SamplingParams, *, num_top_logprobs: int = 0, forced: list[int] | None = None
+    ) -> Future[EngineOutput]:
+        """Queue one generation; with ``forced`` (non-empty), emit those ids instead of sampling.
 
         Raises:
             EngineRequestError: the prompt is empty, fills the context, or holds an unknown id.
         """
         if not prompt:
             raise EngineRequestError("the prompt is empty")
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if forced is not None and not forced:
+            raise EngineRequestError("forced ids must not be empty")
+        bad = [t for t in [*prompt, *(forced or [])] if not 0 <= t < self.vocab_size]
         if bad:
             raise EngineRequestError(f"token id {bad[0]} is out of vocabulary (size {self.vocab_size})")
         if len(prompt) >= self.max_model_len:
@@ -154,6 +172,7 @@ class Engine:
             future=Future(),
             submitted_at=time.perf_counter(),
             generator=torch.Generator().manual_seed(seed),
+            forced=list(forced) if forced is not None else None,
         )
         self._inbox.put(seq)
         return seq.future
@@ -208,6 +227,7 @@ class Engine:
         seq.length = reused
         seq.cached_tokens = reused
         self.stats["requests"] += 1
+        self.stats["scripted_requests"] += int(seq.forced is not None)
         self.stats["prompt_tokens"] += len(seq.prompt)
         self.stats["cached_tokens"] += reused
         self.stats["cache_hits"] += int(reused > 0)
@@ -218,7 +238,8 @@ class Engine:
             self._sample(seq, row)
 
     def _sample(self, seq: _Sequence, logits: torch.Tensor) -> None:
-        token, logprob, top = sample_token(logits, seq.params, seq.generator, seq.num_top_logprobs)
+        forced = seq.forced[len(seq.out_ids)] if seq.forced is not None else None
+        token, logprob, top = sample_token(logits, seq.params, seq.generator, seq.num_top_logprobs, forced=forced)
         seq.out_ids.append(token)
         seq.out_logprobs.append(logprob)
         if seq.num_top_logprobs:
@@ -229,7 +250,7 @@ class Engine:
         still: list[_Sequence] = []
         for seq in self._running:
             last = seq.out_ids[-1]
-            if last in seq.stop_ids:
+            if last in seq.stop_ids or (seq.forced is not None and len(seq.out_ids) == len(seq.forced)):
                 reason, stop_id = FinishReason.STOP, last
             elif len(seq.out_ids) >= seq.params.max_tokens:
                 reason, stop_id = FinishReason.LENGTH, None

@@ -1,4 +1,7 @@
-"""Sampling one token from a logits row, vLLM-style: raw logprobs, then temperature, top-k, top-p."""
+"""Sampling one token from a logits row, vLLM-style: raw logprobs, then temperature, top-k, top-p.
+
+A forced token (a scripted reply) skips the sampling and is reported with the same raw logprob.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,12 @@ from farm.llm.types import SamplingParams
 
 
 def sample_token(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator, num_top: int = 0
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+    num_top: int = 0,
+    *,
+    forced: int | None = None,
 ) -> tuple[int, float, dict[int, float]]:
     """Pick the next token.
 
@@ -17,12 +25,15 @@ def sample_token(
         params: temperature (0 = greedy), top_k (-1 = off), top_p.
         generator: the request's own generator, so a seed reproduces a request whatever runs beside it.
         num_top: how many of the most likely tokens to report with their logprobs.
+        forced: the token to take instead of sampling one (scripted replies).
 
     Returns:
         The token id, its logprob under ``log_softmax(logits)`` and the top ``num_top`` logprobs.
     """
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    if params.temperature == 0.0:
+    if forced is not None:
+        token = forced
+    elif params.temperature == 0.0:
         token = int(torch.argmax(logits).item())
     else:
         scaled = logits.float() / params.temperature

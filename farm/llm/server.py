@@ -8,7 +8,12 @@ Routes (shapes as in vLLM 0.32's ``openai/completion/protocol.py`` and
   ``return_tokens_as_token_ids``, ``stop_token_ids``, ``seed``, ``top_k``; ``n == 1``, no streaming.
 - ``POST /inference/v1/generate``: ``token_ids`` + ``sampling_params`` in, ``choices[].token_ids`` and
   ``choices[].logprobs.content[]`` out (vLLM serves it with ``--enable-scale-out``; here it is always on).
-- ``GET /metrics``: Prometheus text with vLLM's metric names (prefix-cache queries and hits, load).
+- ``GET /metrics``: Prometheus text with vLLM's metric names (prefix-cache queries and hits, load), plus
+  ``farm:`` counters of scripted and sampled requests.
+- ``GET /v1/script`` (farm's own): the loaded script's rules and hits per rule.
+
+With a script (``farm.llm.script``), a prompt that matches one of its rules gets the rule's text as
+forced ids; any other prompt is sampled.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
 
 from farm.llm.engine import Engine, EngineOutput, EngineRequestError
+from farm.llm.script import Script, ScriptFile
 from farm.llm.types import DEFAULT_MAX_TOKENS, SamplingParams
 
 
@@ -69,16 +75,20 @@ def _error(message: str, status: int, err_type: str, param: str | None = None) -
     return JSONResponse({"error": {"message": message, "type": err_type, "param": param, "code": status}}, status)
 
 
-def create_app(*, model_dir: Path, model_name: str, engine: Engine | None = None) -> FastAPI:
+def create_app(
+    *, model_dir: Path, model_name: str, engine: Engine | None = None, script: ScriptFile | None = None
+) -> FastAPI:
     """Build the app. The engine starts with the app and stops with it.
 
     Raises:
         OSError: the model folder cannot be loaded.
+        ConfigError: a script is given but the tokenizer has no end-of-turn id the engine stops at.
     """
     from transformers import AutoTokenizer
 
     eng = engine or Engine(model_dir=model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
+    scripted = Script.for_model(script, tokenizer, stop_ids=eng.eos_ids) if script is not None else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -90,6 +100,7 @@ def create_app(*, model_dir: Path, model_name: str, engine: Engine | None = None
 
     app = FastAPI(title="farm built-in LLM backend", lifespan=lifespan)
     app.state.engine = eng
+    app.state.script = scripted
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -101,10 +112,16 @@ def create_app(*, model_dir: Path, model_name: str, engine: Engine | None = None
         return _error(f"The model `{name}` does not exist. Valid aliases: {model_name}.", 404, "NotFoundError", "model")
 
     async def run(prompt: list[int], params: SamplingParams, num_top: int) -> EngineOutput | JSONResponse:
+        # Ids the tokenizer cannot decode are the engine's to reject, scripted or not.
+        valid = all(0 <= t < eng.vocab_size for t in prompt)
+        reply = scripted.reply(prompt) if scripted is not None and valid else None
         try:
-            future = eng.submit(prompt, params, num_top_logprobs=num_top)
+            forced = reply.token_ids if reply is not None else None
+            future = eng.submit(prompt, params, num_top_logprobs=num_top, forced=forced)
         except EngineRequestError as exc:
             return _error(str(exc), 400, "BadRequestError")
+        if reply is not None and scripted is not None:
+            scripted.hit(reply)
         return await asyncio.wrap_future(future)
 
     @app.get("/health")
@@ -209,6 +226,17 @@ def create_app(*, model_dir: Path, model_name: str, engine: Engine | None = None
             "metrics": {"queue_time_ms": out.queue_s * 1000.0},
         }
 
+    @app.get("/v1/script")
+    def script_report() -> dict[str, Any]:
+        rules = scripted.report() if scripted is not None else []
+        s = eng.stats
+        return {
+            "enabled": scripted is not None,
+            "rule_count": len(rules),
+            "rules": rules,
+            "requests": {"scripted": s["scripted_requests"], "sampled": s["requests"] - s["scripted_requests"]},
+        }
+
     @app.get("/metrics")
     def metrics() -> PlainTextResponse:
         s = eng.stats
@@ -222,6 +250,8 @@ def create_app(*, model_dir: Path, model_name: str, engine: Engine | None = None
             ("vllm:request_success_total", "counter", s["requests"]),
             ("farm:prefix_cache_hit_requests_total", "counter", s["cache_hits"]),
             ("farm:prefix_cache_tokens", "gauge", eng.prefix_cache.tokens),
+            ("farm:scripted_requests_total", "counter", s["scripted_requests"]),
+            ("farm:sampled_requests_total", "counter", s["requests"] - s["scripted_requests"]),
         ]
         label = f'{{model_name="{model_name}"}}'
         text = "".join(f"# TYPE {name} {kind}\n{name}{label} {value}\n" for name, kind, value in lines)

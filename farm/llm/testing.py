@@ -1,18 +1,22 @@
 """Run a built-in backend as a real subprocess: for tests, benchmarks and ``farm up``.
 
 ``BuiltinServer`` can be stopped and started again on the same port, which is how health ejection
-and re-admission are tested with a backend that is really gone.
+and re-admission are tested with a backend that is really gone. ``script=`` serves scripted replies
+(``farm.llm.script``): a path to a script file, or its content as a dict.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -39,7 +43,14 @@ class BuiltinServer:
         model_name: str = "farm-tiny",
         threads: int | None = 1,
         log_path: Path | None = None,
+        script: Path | dict[str, Any] | None = None,
     ) -> None:
+        from farm.llm.script import load_script
+
+        if script is not None:
+            load_script(script)  # a bad script raises ConfigError here, not as a child that will not start
+        self.script = script
+        self._script_file: Path | None = None
         self.model_dir = model_dir
         self.host = host
         self.port = port or free_port(host)
@@ -62,6 +73,16 @@ class BuiltinServer:
         cmd += ["--port", str(self.port), "--model-name", self.model_name]
         if self.threads:
             cmd += ["--threads", str(self.threads)]
+        if isinstance(self.script, dict):
+            if self._script_file is None:
+                fd, name = tempfile.mkstemp(prefix="farm-script-", suffix=".json")
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    json.dump(self.script, out)
+                self._script_file = Path(name)
+            cmd += ["--script", str(self._script_file)]
+        elif self.script is not None:
+            # Resolved: the child runs from the repository root, not from the caller's directory.
+            cmd += ["--script", str(Path(self.script).resolve())]
         # Run from the tree this module is in, so a checkout's farm wins over an installed one.
         root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
@@ -73,6 +94,7 @@ class BuiltinServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.stop()  # removes the script's temporary file
                 raise RuntimeError(f"built-in backend exited with {self.proc.returncode}: {self._log_tail()}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
@@ -84,6 +106,9 @@ class BuiltinServer:
         raise RuntimeError(f"built-in backend did not answer within {timeout_s} s: {self._log_tail()}")
 
     def stop(self) -> None:
+        if self._script_file is not None:
+            self._script_file.unlink(missing_ok=True)
+            self._script_file = None
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()

@@ -4,6 +4,7 @@ real workers, the built-in backend over HTTP (as vLLM is used), and backends tha
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,13 @@ from tests.integration.conftest import free_port
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 QUESTION = [{"role": "user", "content": "What is two plus two?"}]
+#: the stack's backend runs with this script: prompts marked "scripted:" get a fixed reply, the rest are sampled.
+SCRIPT = {
+    "rules": [
+        {"match": "scripted: solve", "turns": ["Two plus two is \\boxed{4}."]},
+        {"match": "scripted: fail", "turns": ["Two plus two is \\boxed{5}."]},
+    ]
+}
 
 
 def generate(max_tokens: int = 12, **config) -> dict:
@@ -36,13 +44,11 @@ def llm_stack(
     import redis
 
     redis.Redis.from_url(url).flushdb()
-    settings = stack_settings(
-        tmp_path_factory.mktemp("llm-stack"),
-        redis_url=url,
-        database_url=pg_url,
-        model_dir=tiny_model_dir,
-        node="llmnode",
-    )
+    data_dir = tmp_path_factory.mktemp("llm-stack")
+    script = data_dir / "script.json"
+    script.write_text(json.dumps(SCRIPT))
+    settings = stack_settings(data_dir, redis_url=url, database_url=pg_url, model_dir=tiny_model_dir, node="llmnode")
+    settings = settings.model_copy(update={"llm": settings.llm.model_copy(update={"builtin_script": script})})
     stack = EmbeddedStack(settings, with_flower=False, with_llm=True)
     stack.start()
     yield stack
@@ -74,6 +80,35 @@ def test_generate_jobs_store_exactly_what_the_model_sampled(llm_client: FarmClie
     assert len({tuple(r.trajectory.token_ids) for r in results}) > 1
     arrays = to_arrays([r.trajectory for r in results], pad_side="left")
     assert arrays["loss_mask"].sum() == sum(r.trajectory.num_tokens - r.trajectory.turn_offsets[1] for r in results)
+
+
+def test_generate_with_a_scripted_reply_is_scored_and_token_exact(
+    llm_client: FarmClient, tiny_tokenizer, teacher: Callable
+):
+    # Given the stack's backend scripted (LLMSettings.builtin_script) to solve one prompt and fail another
+    tasks = [
+        generate(64, messages=[{"role": "user", "content": f"scripted: {verdict} 2 + 2"}], reference="\\boxed{4}")
+        for verdict in ("solve", "fail")
+    ]
+
+    # When both run through the farm
+    batch = llm_client.submit(tasks, group_size=2, sampling={"temperature": 1.0})
+    results = list(llm_client.results(batch.id, wait_s=10, encoding="json"))
+
+    # Then the reply that holds the reference earns 1, the other 0, and the trajectories are exact
+    assert len(results) == 4 and all(r.job.outcome is Outcome.OK for r in results)
+    end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    rewards = []
+    for r in results:
+        t = r.trajectory
+        start = t.turn_offsets[1]
+        solved = "scripted: solve" in tiny_tokenizer.decode(t.token_ids[:start])
+        reply = SCRIPT["rules"][0 if solved else 1]["turns"][0]
+        assert t.token_ids[start:] == [*tiny_tokenizer.encode(reply, add_special_tokens=False), end]
+        assert np.allclose(t.logprobs[start:], teacher(t.token_ids)[start:], atol=1e-4)
+        assert r.job.reward == float(solved)
+        rewards.append(r.job.reward)
+    assert sorted(rewards) == [0.0, 0.0, 1.0, 1.0]
 
 
 def test_generate_is_reproducible_for_a_seed(llm_client: FarmClient):

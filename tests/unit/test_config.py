@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from farm.config import Settings
-from farm.embedded import ensure_token, settings_env
+from farm.embedded import EmbeddedStack, ensure_token, settings_env
 
 
 def test_settings_read_nested_environment(monkeypatch: pytest.MonkeyPatch):
@@ -27,6 +27,7 @@ def test_settings_env_round_trips_through_the_environment(monkeypatch: pytest.Mo
         redis={"url": "redis://x:1/2"},
         api={"token": "tok", "port": 9999},
         worker={"node": "n7", "lease_s": 2.5},
+        llm={"builtin_script": tmp_path / "script.json"},
     )
     for key, value in settings_env(original).items():
         monkeypatch.setenv(key, value)
@@ -41,3 +42,12 @@ def test_ensure_token_makes_one_and_keeps_it(tmp_path):
     assert first.api.token is not None and second.api.token is not None
     assert first.api.token.get_secret_value() == second.api.token.get_secret_value()
     assert (tmp_path / "token").stat().st_mode & 0o777 == 0o600
+
+
+def test_builtin_script_setting_reaches_the_backend_command(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    assert "--script" not in EmbeddedStack(Settings(data_dir=tmp_path), with_flower=False).builtin_args()
+    monkeypatch.setenv("FARM_LLM__BUILTIN_SCRIPT", str(tmp_path / "script.json"))
+    monkeypatch.setenv("FARM_LLM__BUILTIN_MODEL_DIR", str(tmp_path / "model"))
+    args = EmbeddedStack(Settings(), with_flower=False).builtin_args()
+    assert args[:3] == ["llm", "serve", str(tmp_path / "model")]
+    assert args[args.index("--script") + 1] == str(tmp_path / "script.json")

@@ -53,3 +53,12 @@ def test_sample_same_seed_same_tokens():
 def test_sample_reports_top_logprobs():
     _, _, top = sample_token(LOGITS, SamplingParams(), gen(), num_top=2)
     assert top == {1: float(RAW[1]), 2: float(RAW[2])}
+
+
+def test_sample_forced_token_reports_its_raw_logprob_and_tops():
+    # The least likely token at a setting that could never sample it: forced ids bypass the filters.
+    params = SamplingParams(temperature=0.0, top_k=1)
+    token, logprob, top = sample_token(LOGITS, params, gen(), num_top=2, forced=4)
+    assert token == 4
+    assert logprob == float(RAW[4])
+    assert top == {1: float(RAW[1]), 2: float(RAW[2])}
