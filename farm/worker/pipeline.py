@@ -120,7 +120,8 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
         done = lifecycle.complete_stage(session, job_id=job_id, stage=stage, worker=worker, now=utcnow(), **results)
     if not done.recorded:
         if done.reason == "cancelled":
-            _teardown(rt, handler, config, claim, ctx)
+            # What this stage made (INIT's sandbox, say) was not recorded: tear it down too.
+            _teardown(rt, handler, config, claim, ctx, produced=_produced_state(results))
         log.info("job %s %s: result discarded (%s)", job_id, stage.value, done.reason)
         return StageReport(job_id, stage, "discarded", done.reason)
     if done.next_stage is not None:
@@ -225,11 +226,25 @@ def _fail(rt: FarmRuntime, claim: lifecycle.Claim, worker: str, outcome: Outcome
     return StageReport(claim.job_id, claim.stage, "failed", error)
 
 
+def _produced_state(results: dict[str, Any]) -> dict[str, Any]:
+    if "init_state" in results:
+        return dict(results["init_state"])
+    run_result = results.get("run_result")
+    return dict(run_result.state) if isinstance(run_result, RunResult) else {}
+
+
 def _teardown(
-    rt: FarmRuntime, handler: TaskHandler[Any], config: Any, claim: lifecycle.Claim, ctx: StageContext
+    rt: FarmRuntime,
+    handler: TaskHandler[Any],
+    config: Any,
+    claim: lifecycle.Claim,
+    ctx: StageContext,
+    *,
+    produced: dict[str, Any] | None = None,
 ) -> None:
+    state = {**(claim.state or {}), **(produced or {})}
     try:
-        _resolve(rt, handler.teardown(config, claim.state or {}, ctx), timeout_s=TEARDOWN_TIMEOUT_S)
+        _resolve(rt, handler.teardown(config, state, ctx), timeout_s=TEARDOWN_TIMEOUT_S)
     except Exception:  # a failed cleanup must not change how the job is reported
         log.exception("job %s: teardown failed", claim.job_id)
 

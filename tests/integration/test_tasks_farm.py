@@ -3,6 +3,10 @@ sandboxes, the built-in backend over HTTP, trajectories read back through the cl
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +20,10 @@ from farm.constants import POLICY_OUTCOMES, JobState
 from farm.embedded import EmbeddedStack
 from farm.sandbox import sandbox_root
 from farm.sandbox.registry import Registry
+from farm.agent.toolcalls import format_call
 from tasks.code.dataset import list_problems as code_problems
+from tasks.harbor.dataset import EXAMPLES_DIR
+from tasks.swe.dataset import instances_by_id
 from tasks.math.dataset import list_problems as math_problems
 from tests.integration.sandbox.conftest import require_bwrap
 
@@ -35,18 +42,72 @@ def tasks_stack(
     base, _, db = redis_url.rpartition("/")
     url = f"{base}/{(int(db) + 3) % 16}"
     redis.Redis.from_url(url).flushdb()
-    settings = stack_settings(
-        tmp_path_factory.mktemp("tasks-stack"),
-        redis_url=url,
-        database_url=pg_url,
-        model_dir=tiny_model_dir,
-        node="tasksnode",
-    )
+    data_dir = tmp_path_factory.mktemp("tasks-stack")
+    settings = stack_settings(data_dir, redis_url=url, database_url=pg_url, model_dir=tiny_model_dir, node="tasksnode")
+    script = data_dir / "script.json"
+    script.write_text(json.dumps(scripted_rules(data_dir)))
+    settings = settings.model_copy(update={"llm": settings.llm.model_copy(update={"builtin_script": script})})
     stack = EmbeddedStack(settings, with_flower=False, with_llm=True)
     stack.start()
     yield stack
     stack.stop()
     redis.Redis.from_url(url).flushdb()
+
+
+SOLVED_INSTANCE, FAILED_INSTANCE = "rollout-farm__intervals-1", "rollout-farm__lrucache-1"
+FENCE = "`" * 3
+
+
+def _bash(command: str) -> str:
+    return format_call("bash", {"command": command})
+
+
+def _rule(marker: str, turns: list[str]) -> dict[str, Any]:
+    return {"match": re.escape(marker), "turns": turns}
+
+
+def _code_problem(marker: str) -> dict[str, Any]:
+    return {
+        "id": marker,
+        "entry_point": "add",
+        "signature": "add(a: int, b: int) -> int",
+        "prompt": f"{marker}: return the sum of a and b.",
+        "tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"],
+    }
+
+
+def scripted_rules(data_dir: Path) -> dict[str, Any]:
+    """What the scripted backend answers, keyed by text only these tests' prompts hold.
+
+    The other tests' prompts match no rule and are sampled from the tiny model as usual.
+    """
+    solved, failed = instances_by_id()[SOLVED_INSTANCE], instances_by_id()[FAILED_INSTANCE]
+    solve_sh = (EXAMPLES_DIR / "fix-count-lines" / "solution" / "solve.sh").read_text()
+    # The fix as the smallest edit: the context is 2048 tokens and the prompt takes most of them.
+    fix = format_call(
+        "editor",
+        {
+            "command": "str_replace",
+            "path": "intervals/merge.py",
+            "old_str": "        if out and start < out[-1][1]:",
+            "new_str": "    for start, end in sorted(intervals):\n        if out and start <= out[-1][1]:",
+        },
+    )
+    return {
+        "rules": [
+            _rule("scripted-math-solved", ["Six sevens: \\boxed{42}"]),
+            _rule("scripted-math-failed", ["I guess \\boxed{41}"]),
+            _rule(
+                "scripted-code-solved",
+                [_bash("python -c 'print(1 + 2)'"), f"{FENCE}python\ndef add(a, b):\n    return a + b\n{FENCE}"],
+            ),
+            _rule("scripted-code-failed", [f"{FENCE}python\ndef add(a, b):\n    return a - b\n{FENCE}"]),
+            _rule(solved.problem_statement.splitlines()[0], [fix, format_call("submit", {})]),
+            _rule(failed.problem_statement.splitlines()[0], [format_call("submit", {})]),
+            _rule("count_lines.sh", [_bash(solve_sh), format_call("submit", {})]),
+            _rule("scripted-harbor-failed", [_bash("echo nothing to do"), format_call("submit", {})]),
+        ]
+    }
 
 
 @pytest.fixture
@@ -112,3 +173,70 @@ def test_bad_specs_are_refused_at_submit(tasks_stack: EmbeddedStack, task: dict[
     )
     assert response.status_code in (400, 422), response.text
     assert field in response.text
+
+
+def test_cancel_tears_down_every_sandbox(client: FarmClient, tasks_stack: EmbeddedStack) -> None:
+    tasks = [{"type": "swe", "config": {"instance_id": "rollout-farm__semver-1", "max_turns": 6}}]
+    batch = client.submit(tasks, group_size=16, sampling={"max_tokens": 48, "seed": 1})
+    root = sandbox_root(tasks_stack.settings)
+    # Cancel once some sandboxes exist: some jobs are queued, some in INIT, some mid-episode.
+    deadline = time.monotonic() + 60
+    while not Registry(root=root).records() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.cancel(batch.id)
+    results = list(client.results(batch.id, wait_s=10, encoding="json"))
+    assert len(results) == 16
+    states = {r.job.state for r in results}
+    assert JobState.CANCELLED in states and states <= {JobState.CANCELLED, JobState.DONE}
+    # Teardown runs where each job's sandbox lives, after the job's last stage ran or was skipped.
+    deadline = time.monotonic() + 30
+    while Registry(root=root).records() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert Registry(root=root).records() == []
+
+
+def _check_token_exact(trajectory: Any, teacher: Callable[[list[int]], Any]) -> None:
+    bounds = [*trajectory.turn_offsets, trajectory.num_tokens]
+    model = np.zeros(trajectory.num_tokens, dtype=bool)
+    for k in range(1, len(trajectory.turn_offsets), 2):
+        model[bounds[k] : bounds[k + 1]] = True
+    assert np.array_equal(np.array(trajectory.loss_mask, dtype=bool), model)
+    recomputed = np.asarray(teacher(trajectory.token_ids))
+    assert np.allclose(np.asarray(trajectory.logprobs)[model], recomputed[model], atol=1e-4)
+
+
+def test_scripted_model_earns_reward_one_and_zero_on_every_task_type(
+    client: FarmClient, tmp_path: Path, teacher: Callable[[list[int]], Any]
+) -> None:
+    """The backend's scripted mode stands in for a capable model: one task of each type is solved
+    through real tools and scored 1 by its real grader; one is answered wrongly and scored 0."""
+    failing_harbor = tmp_path / "scripted-harbor-failed"
+    shutil.copytree(EXAMPLES_DIR / "hello-file", failing_harbor)
+    (failing_harbor / "instruction.md").write_text("scripted-harbor-failed: create hello.txt holding Hello, farm!\n")
+    tasks = [
+        {"type": "math", "config": {"problem": "scripted-math-solved: 6 * 7 = ?", "answer": "42"}, "name": "math+"},
+        {"type": "math", "config": {"problem": "scripted-math-failed: 6 * 7 = ?", "answer": "42"}, "name": "math-"},
+        {
+            "type": "code",
+            "config": {"problem": _code_problem("scripted-code-solved"), "reward": "all"},
+            "name": "code+",
+        },
+        {"type": "code", "config": {"problem": _code_problem("scripted-code-failed"), "max_turns": 1}, "name": "code-"},
+        {"type": "swe", "config": {"instance_id": SOLVED_INSTANCE, "max_turns": 4}, "name": "swe+"},
+        {"type": "swe", "config": {"instance_id": FAILED_INSTANCE, "max_turns": 4}, "name": "swe-"},
+        {"type": "harbor", "config": {"example": "fix-count-lines", "max_turns": 4}, "name": "harbor+"},
+        {"type": "harbor", "config": {"path": str(failing_harbor), "max_turns": 4}, "name": "harbor-"},
+    ]
+    batch = client.submit(tasks, group_size=1, sampling={"max_tokens": 400, "seed": 0})
+    results = list(client.results(batch.id, wait_s=10, encoding="json"))
+    names = {job_id: task["name"] for job_id, task in zip(batch.job_ids, tasks, strict=True)}
+    rewards = {}
+    for r in results:
+        assert r.job.state is JobState.DONE and r.job.outcome is not None, (names[r.job.id], r.job.reason)
+        assert r.trajectory is not None
+        rewards[names[r.job.id]] = r.trajectory.reward
+        _check_token_exact(r.trajectory, teacher)
+    assert rewards == {
+        "math+": 1.0, "math-": 0.0, "code+": 1.0, "code-": 0.0,
+        "swe+": 1.0, "swe-": 0.0, "harbor+": 1.0, "harbor-": 0.0,
+    }  # fmt: skip

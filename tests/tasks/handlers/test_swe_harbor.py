@@ -138,3 +138,33 @@ def test_harbor_verifier_without_reward_is_infrastructure(tiny_tokenizer: Any, s
         )
     assert caught.value.kind == "no_reward_file"
     assert caught.value.outcome == "infra_error"
+
+
+def test_agent_killing_its_sandbox_is_a_sandbox_error_and_the_retry_starts_over(
+    tiny_tokenizer: Any, sandboxes: Any
+) -> None:
+    """`kill -9 -1` takes the execution server with it: infrastructure (retried), never a reward.
+    The retried RUN gets a new sandbox from the task's starting files; the broken one is closed."""
+    from farm.constants import Stage
+    from farm.errors import SandboxError
+    from farm.sandbox.registry import Registry
+    from tests.tasks.handlers.scripted import ScriptedResources, context
+
+    handler = get_handler("harbor")
+    config = handler.validate({"example": "hello-file"})
+    llm = ScriptedResources(tiny_tokenizer, [_bash("kill -9 -1"), format_call("submit", {})])
+    resources = {"llm": llm, "sandbox": sandboxes}
+    import asyncio
+
+    state = handler.init(config, context(Stage.INIT, resources))
+    first = state["sandbox"]
+    with pytest.raises(SandboxError):
+        asyncio.run(handler.run(config, state, context(Stage.RUN, resources, attempt=1)))
+    llm.turns = [_bash("printf 'Hello, farm!\\n' > hello.txt"), format_call("submit", {})]
+    run = asyncio.run(handler.run(config, state, context(Stage.RUN, resources, attempt=2)))
+    assert run.outcome is Outcome.OK and run.state["sandbox"] != first
+    state = {**state, **run.state}
+    result = asyncio.run(handler.evaluate(config, state, run.trajectory, context(Stage.EVAL, resources)))
+    assert result.reward == 1.0
+    handler.teardown(config, state, context(Stage.EVAL, resources))
+    assert Registry(root=sandboxes._settings.sandbox.root_dir).records() == []
