@@ -15,16 +15,16 @@ import httpx
 import numpy as np
 import pytest
 
+from farm.agent.toolcalls import format_call
 from farm.client import FarmClient
 from farm.constants import POLICY_OUTCOMES, JobState
 from farm.embedded import EmbeddedStack
 from farm.sandbox import sandbox_root
 from farm.sandbox.registry import Registry
-from farm.agent.toolcalls import format_call
 from tasks.code.dataset import list_problems as code_problems
 from tasks.harbor.dataset import EXAMPLES_DIR
-from tasks.swe.dataset import instances_by_id
 from tasks.math.dataset import list_problems as math_problems
+from tasks.swe.dataset import instances_by_id
 from tests.integration.sandbox.conftest import require_bwrap
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
