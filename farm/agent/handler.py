@@ -62,7 +62,12 @@ class AgentHandler(TaskHandler[ConfigT]):
         raise NotImplementedError
 
     def budgets(self, config: ConfigT) -> Budgets:
-        return Budgets(max_turns=int(getattr(config, "max_turns", Budgets.max_turns)))
+        """From the config's ``max_turns``, ``max_episode_tokens`` and ``time_limit_s`` where it has them."""
+        return Budgets(
+            max_turns=int(getattr(config, "max_turns", Budgets.max_turns)),
+            max_tokens=getattr(config, "max_episode_tokens", None),
+            wall_time_s=getattr(config, "time_limit_s", None),
+        )
 
     def collect(
         self, config: ConfigT, state: dict[str, Any], sandbox: ServerSandbox | None, episode: Episode

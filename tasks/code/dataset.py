@@ -41,6 +41,8 @@ class CodeConfig(BaseModel):
     reward: Literal["fraction", "all"] = Field(default="fraction", description="fraction of tests passed, or all-pass")
     timeout_s: float = Field(default=20.0, gt=0, le=600, description="wall-clock limit of the test run")
     max_turns: int = Field(default=4, ge=1, le=50)
+    max_episode_tokens: int | None = Field(default=None, ge=1, description="tokens the agent may sample in all")
+    time_limit_s: float | None = Field(default=None, gt=0, description="wall-clock budget of the episode")
 
     @model_validator(mode="after")
     def _one_source(self) -> CodeConfig:

@@ -54,7 +54,11 @@ class HarborHandler(AgentHandler[HarborConfig]):
         return {}
 
     def budgets(self, config: HarborConfig) -> Budgets:
-        return Budgets(max_turns=config.max_turns, wall_time_s=config.resolve().config.agent.timeout_sec)
+        # task.toml's agent timeout, unless the spec asks for less.
+        limit = config.resolve().config.agent.timeout_sec
+        if config.time_limit_s is not None:
+            limit = min(limit, config.time_limit_s)
+        return Budgets(max_turns=config.max_turns, max_tokens=config.max_episode_tokens, wall_time_s=limit)
 
     def messages(
         self, config: HarborConfig, state: dict[str, Any], specs: list[dict[str, Any]]

@@ -36,6 +36,8 @@ class MathConfig(BaseModel):
     problem: str | None = Field(default=None, min_length=1, max_length=20_000)
     answer: str | None = Field(default=None, min_length=1, max_length=500, description="reference answer")
     max_turns: int = Field(default=1, ge=1, le=50, description="turns the agent may take before answering")
+    max_episode_tokens: int | None = Field(default=None, ge=1, description="tokens the agent may sample in all")
+    time_limit_s: float | None = Field(default=None, gt=0, description="wall-clock budget of the episode")
 
     @model_validator(mode="after")
     def _one_source(self) -> MathConfig:

@@ -168,3 +168,19 @@ def test_agent_killing_its_sandbox_is_a_sandbox_error_and_the_retry_starts_over(
     assert result.reward == 1.0
     handler.teardown(config, state, context(Stage.EVAL, resources))
     assert Registry(root=sandboxes._settings.sandbox.root_dir).records() == []
+
+
+def test_budgets_from_the_spec(tiny_tokenizer: Any, sandboxes: Any) -> None:
+    handler = get_handler("harbor")
+    config = handler.validate({"example": "hello-file", "time_limit_s": 5, "max_episode_tokens": 100})
+    budgets = handler.budgets(config)
+    assert budgets.wall_time_s == 5 and budgets.max_tokens == 100
+    assert handler.budgets(handler.validate({"example": "hello-file"})).wall_time_s == 120.0  # task.toml [agent]
+    out = run_job(
+        get_handler("swe"),
+        {"instance_id": INSTANCE, "max_episode_tokens": 30},
+        [_bash("ls -la && git log --oneline && cat README.md")],
+        sandboxes=sandboxes,
+        tokenizer=tiny_tokenizer,
+    )
+    assert out.run.outcome is Outcome.AGENT_ERROR and "30 tokens" in (out.run.reason or "")
