@@ -126,6 +126,10 @@ class UpstreamStatusError(UpstreamError):
         self.status = status
 
 
+class ContextLengthExceeded(UpstreamStatusError):
+    """The prompt does not fit the model's context: the policy's conversation grew too long, not a fault."""
+
+
 class UpstreamConnectError(UpstreamError):
     """No connection to the LLM backend: the request never reached it, so it may go to another one."""
 

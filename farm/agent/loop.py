@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from farm.agent.toolcalls import ToolCall, ToolCallError, parse_tool_calls
 from farm.constants import Outcome
-from farm.errors import UpstreamStatusError
+from farm.errors import ContextLengthExceeded, UpstreamStatusError
 from farm.llm.trajectory import TokenTrajectory, TrajectoryBuilder
 from farm.llm.types import FinishReason, GenerateResult, SamplingParams
 from farm.tools.base import ToolResult
@@ -152,7 +152,7 @@ def _error_text(errors: Sequence[ToolCallError]) -> str:
 
 def _is_context_error(exc: UpstreamStatusError) -> bool:
     # vLLM: "This model's maximum context length is N tokens"; SGLang: "...longer than the model's context length".
-    return exc.status == 400 and "context length" in str(exc).lower()
+    return isinstance(exc, ContextLengthExceeded) or (exc.status == 400 and "context length" in str(exc).lower())
 
 
 class _Clock:

@@ -25,7 +25,13 @@ from typing import Any, Literal
 
 import httpx
 
-from farm.errors import UpstreamConnectError, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from farm.errors import (
+    ContextLengthExceeded,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamStatusError,
+    UpstreamTimeout,
+)
 from farm.llm.parse import parse_completion, parse_generate, parse_sglang
 from farm.llm.types import BackendKind, GenerateRequest, GenerateResult
 
@@ -133,20 +139,59 @@ class VLLMClient(_HttpBackend):
     def __init__(self, *, base_url: str, api: VLLMApi = "auto", **kwargs: Any) -> None:
         super().__init__(base_url=base_url, **kwargs)
         self.api: VLLMApi = api
+        #: the served model's context length, from ``GET /v1/models`` (None: not listed).
+        self.max_model_len: int | None = None
+        self._listed = False
 
     async def resolve_model(self) -> str:
         """The served model name: the one given, else the first of ``GET /v1/models``.
 
+        The listing is read once either way, for the model's ``max_model_len``.
+
         Raises:
             UpstreamError: the server lists no model.
         """
-        if self.model is None:
-            data = await self._request("GET", "/v1/models")
+        if not self._listed:
             try:
-                self.model = str(data["data"][0]["id"])
-            except (KeyError, IndexError, TypeError) as exc:
-                raise UpstreamError("LLM backend lists no model at /v1/models", backend=self.backend_id) from exc
+                data = await self._request("GET", "/v1/models")
+            except UpstreamStatusError:
+                if self.model is None:
+                    raise
+                data = {}  # a server without the listing: the model name is known, the context is not
+            listed = data.get("data")
+            entries: list[Any] = listed if isinstance(listed, list) else []
+            if self.model is None:
+                try:
+                    self.model = str(entries[0]["id"])
+                except (KeyError, IndexError, TypeError) as exc:
+                    raise UpstreamError("LLM backend lists no model at /v1/models", backend=self.backend_id) from exc
+            for entry in entries:
+                if isinstance(entry, dict) and entry.get("id") == self.model:
+                    length = entry.get("max_model_len")
+                    self.max_model_len = length if isinstance(length, int) and length > 0 else None
+            self._listed = True
+        assert self.model is not None
         return self.model
+
+    def _fit(self, request: GenerateRequest) -> GenerateRequest:
+        """Clamp max_tokens to the context left, as vLLM once did (it now refuses the request).
+
+        Raises:
+            ContextLengthExceeded: the prompt alone fills the context.
+        """
+        if self.max_model_len is None:
+            return request
+        room = self.max_model_len - len(request.prompt_token_ids)
+        if room <= 0:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self.max_model_len} tokens; "
+                f"the prompt has {len(request.prompt_token_ids)}",
+                status=400,
+                backend=self.backend_id,
+            )
+        if request.sampling.max_tokens <= room:
+            return request
+        return request.model_copy(update={"sampling": request.sampling.model_copy(update={"max_tokens": room})})
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Sample a continuation of ``request.prompt_token_ids``.
@@ -155,6 +200,7 @@ class VLLMClient(_HttpBackend):
             UpstreamError: see ``_request``; also a response without ids or logprobs.
         """
         model = await self.resolve_model()
+        request = self._fit(request)
         sp = request.sampling
         start = time.perf_counter()
         if self.api in ("auto", "generate"):

@@ -56,7 +56,7 @@ class Recorder:
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
-        answer = self.routes[request.url.path]
+        answer = self.routes.get(request.url.path, httpx.Response(404, json={"detail": "Not Found"}))
         return answer(request) if callable(answer) else answer
 
     def bodies(self, path):
@@ -252,3 +252,23 @@ def test_vllm_auto_does_not_mistake_an_unknown_model_for_a_missing_route():
     with pytest.raises(UpstreamStatusError, match="does not exist"):
         run(generate(client))
     assert client.api == "auto"
+
+
+def test_vllm_max_tokens_is_clamped_to_the_context_left():
+    """vLLM refuses prompt + max_tokens > max_model_len (it used to clamp): the client clamps,
+    and a prompt that alone fills the context is a ContextLengthExceeded, not an infra error."""
+    from farm.errors import ContextLengthExceeded
+
+    models = {"object": "list", "data": [{"id": "m", "max_model_len": 5}]}
+    rec = Recorder(
+        {"/v1/models": httpx.Response(200, json=models), "/v1/completions": httpx.Response(200, json=completion_body())}
+    )
+    client = VLLMClient(base_url="http://b1", model="m", api="completions", transport=httpx.MockTransport(rec))
+    run(generate(client))  # prompt 3 + max_tokens 3 > 5
+    (body,) = rec.bodies("/v1/completions")
+    assert body["max_tokens"] == 2 and client.max_model_len == 5
+    long_prompt = GenerateRequest(prompt_token_ids=[1] * 5, sampling=REQUEST.sampling)
+    client = VLLMClient(base_url="http://b1", model="m", api="completions", transport=httpx.MockTransport(rec))
+    with pytest.raises(ContextLengthExceeded) as caught:
+        run(generate(client, long_prompt))
+    assert caught.value.status == 400 and "maximum context length is 5" in str(caught.value)
