@@ -16,7 +16,8 @@ from rich.console import Console
 from farm.config import Settings
 from farm.constants import Stage
 
-console = Console(stderr=True)
+# Piped output (CI logs, `| tee`) gets room for the closing tables instead of rich's 80 columns.
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 
 def _settings() -> Settings:
