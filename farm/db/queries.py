@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
-from farm.constants import BatchState, JobState
+from farm.constants import BatchState, JobState, Stage, StageStatus
 from farm.db.arrays import encode_ids, encode_logprobs, encode_mask, unpack_ids
 from farm.db.models import Batch, Group, Job, Trajectory
 from farm.errors import BatchNotFound, Conflict, JobNotFound, TrajectoryNotFound
@@ -29,6 +29,8 @@ from farm.schemas import (
 
 #: job seeds stay below 2**31 so every backend (and numpy) accepts them.
 SEED_MODULUS = 2**31 - 1
+#: the stage a job in each of these states may be running.
+_RUNNING_STAGE = {JobState.INIT: Stage.INIT, JobState.RUN: Stage.RUN, JobState.EVAL: Stage.EVAL}
 
 
 def request_hash(request: BatchCreate) -> str:
@@ -142,24 +144,40 @@ def batch_status(session: Session, batch_id: int) -> BatchStatus:
     )
 
 
-def job_out(job: Job, *, with_stages: bool) -> JobOut:
-    stages = (
-        [
+def stage_history(job: Job) -> list[StageRunOut]:
+    """Every attempt at the job's stages in order: the finished ones from their rows, then the
+    one in progress, which has no row until it ends."""
+    history = [
+        StageRunOut(
+            stage=r.stage,
+            attempt=r.attempt,
+            status=r.status,
+            node=r.node,
+            worker=r.worker,
+            started_at=r.started_at,
+            finished_at=r.finished_at,
+            error=r.error,
+        )
+        for r in job.stages
+    ]
+    if job.stage_started_at is not None and job.state in _RUNNING_STAGE:
+        history.append(
             StageRunOut(
-                stage=r.stage,
-                attempt=r.attempt,
-                status=r.status,
-                node=r.node,
-                worker=r.worker,
-                started_at=r.started_at,
-                finished_at=r.finished_at,
-                error=r.error,
+                stage=_RUNNING_STAGE[job.state],
+                attempt=job.stage_attempts,
+                status=StageStatus.RUNNING,
+                node=job.node,
+                worker=job.worker,
+                started_at=job.stage_started_at,
+                finished_at=None,
+                error=None,
             )
-            for r in job.stages
-        ]
-        if with_stages
-        else []
-    )
+        )
+    return history
+
+
+def job_out(job: Job, *, with_stages: bool) -> JobOut:
+    stages = stage_history(job) if with_stages else []
     return JobOut(
         id=job.id,
         batch_id=job.batch_id,

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from farm.config import Settings
 from farm.db.session import make_engine, make_session_factory
+from farm.db.taskcache import TaskCache
 from farm.worker.aio import LoopThread
 from farm.worker.lease import LeaseRenewer
 
@@ -28,6 +29,8 @@ class FarmRuntime:
         self._engine: Engine | None = None
         self._sessions: sessionmaker[Session] | None = None
         self._redis: Redis | None = None
+        #: group configs and sampling parameters already read from this process's database.
+        self.tasks = TaskCache()
         self.leases = LeaseRenewer(settings, engine=lambda: self.engine, redis_client=lambda: self.redis)
         self.aio = LoopThread()
         self._llm: LLMResources | None = None

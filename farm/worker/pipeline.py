@@ -90,6 +90,7 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
             now=utcnow(),
             lease_s=settings.lease_s,
             max_attempts=settings.max_attempts,
+            tasks=rt.tasks,
         )
     if claim.skip is not None:
         return _skipped(rt, claim)
@@ -117,7 +118,7 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
             return _fail(rt, claim, worker, Outcome.HANDLER_ERROR, f"{type(exc).__name__}: {exc}\n{detail}")
 
     with rt.engine.begin() as session:
-        done = lifecycle.complete_stage(session, job_id=job_id, stage=stage, worker=worker, now=utcnow(), **results)
+        done = lifecycle.complete_stage(session, claim, worker=worker, now=utcnow(), **results)
     if not done.recorded:
         if done.reason == "cancelled":
             _teardown(rt, handler, config, claim, ctx)

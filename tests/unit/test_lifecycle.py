@@ -43,11 +43,12 @@ def claim(sessions, job_id: int, stage: Stage, worker: str = "w1", now=None, max
         )
 
 
-def complete(sessions, job_id: int, stage: Stage, worker: str = "w1"):
+def complete(sessions, c: lifecycle.Claim, worker: str = "w1"):
+    """Record a canned result for the attempt ``c`` claimed, as ``worker``."""
     kwargs = {}
-    if stage is Stage.INIT:
+    if c.stage is Stage.INIT:
         kwargs["init_state"] = {"x": 1}
-    elif stage is Stage.RUN:
+    elif c.stage is Stage.RUN:
         kwargs["run_result"] = RunResult(
             trajectory=TrajectoryData(token_ids=[5, 6, 7], logprobs=[0.0, -0.5, -0.25], loss_mask=[0, 1, 1]),
             state={"y": 2},
@@ -55,9 +56,7 @@ def complete(sessions, job_id: int, stage: Stage, worker: str = "w1"):
     else:
         kwargs["eval_result"] = EvalResult(reward=0.75, metrics={"m": 1.0})
     with transaction(sessions) as s:
-        return lifecycle.complete_stage(
-            s.connection(), job_id=job_id, stage=stage, worker=worker, now=utcnow(), **kwargs
-        )
+        return lifecycle.complete_stage(s.connection(), c, worker=worker, now=utcnow(), **kwargs)
 
 
 def job(sessions, job_id: int) -> Job:
@@ -70,7 +69,7 @@ def test_job_runs_through_all_stages_and_records_history(sessions):
     for stage in Stage:
         c = claim(sessions, job_id, stage)
         assert c.skip is None and c.attempt == 1
-        done = complete(sessions, job_id, stage)
+        done = complete(sessions, c)
         assert done.recorded
     j = job(sessions, job_id)
     assert j.state is JobState.DONE and j.outcome is Outcome.OK and j.reward == 0.75
@@ -84,11 +83,10 @@ def test_job_runs_through_all_stages_and_records_history(sessions):
 
 def test_claim_passes_state_between_stages(sessions):
     _, (job_id, _) = make_batch(sessions)
-    claim(sessions, job_id, Stage.INIT)
-    complete(sessions, job_id, Stage.INIT)
+    complete(sessions, claim(sessions, job_id, Stage.INIT))
     c = claim(sessions, job_id, Stage.RUN)
     assert c.state == {"x": 1}
-    complete(sessions, job_id, Stage.RUN)
+    complete(sessions, c)
     c = claim(sessions, job_id, Stage.EVAL)
     assert c.state == {"x": 1, "y": 2}
     assert c.trajectory is not None and c.trajectory.token_ids == [5, 6, 7]
@@ -104,8 +102,7 @@ def test_duplicate_delivery_is_skipped_while_lease_is_live(sessions):
 
 def test_completed_stage_is_not_run_again(sessions):
     _, (job_id, _) = make_batch(sessions)
-    claim(sessions, job_id, Stage.INIT)
-    complete(sessions, job_id, Stage.INIT)
+    complete(sessions, claim(sessions, job_id, Stage.INIT))
     again = claim(sessions, job_id, Stage.INIT, worker="w2")
     assert again.skip is not None
 
@@ -118,15 +115,15 @@ def test_stage_out_of_order_is_skipped(sessions):
 
 def test_lapsed_lease_lets_another_worker_take_over_and_old_result_is_discarded(sessions):
     _, (job_id, _) = make_batch(sessions)
-    claim(sessions, job_id, Stage.INIT, worker="dead")
+    dead = claim(sessions, job_id, Stage.INIT, worker="dead")
     later = utcnow() + timedelta(seconds=LEASE_S + 1)
     with transaction(sessions) as s:
         resend = lifecycle.expired_leases(s.connection(), now=later, resend_until=later + timedelta(seconds=LEASE_S))
     assert (job_id, Stage.INIT) in [(j, st) for j, st, _, _ in resend]
     taken = claim(sessions, job_id, Stage.INIT, worker="alive", now=later)
     assert taken.skip is None and taken.attempt == 2
-    assert not complete(sessions, job_id, Stage.INIT, worker="dead").recorded
-    assert complete(sessions, job_id, Stage.INIT, worker="alive").recorded
+    assert not complete(sessions, dead, worker="dead").recorded
+    assert complete(sessions, taken, worker="alive").recorded
     with sessions() as s:
         statuses = s.scalars(select(StageRun.status).where(StageRun.job_id == job_id).order_by(StageRun.id)).all()
     assert statuses == [StageStatus.LOST, StageStatus.OK]
@@ -149,8 +146,7 @@ def test_finish_seq_follows_finish_order_and_completes_batch(sessions):
     batch_id, job_ids = make_batch(sessions, n_tasks=2, group_size=2)
     for job_id in reversed(job_ids):
         for stage in Stage:
-            claim(sessions, job_id, stage)
-            complete(sessions, job_id, stage)
+            complete(sessions, claim(sessions, job_id, stage))
     with sessions() as s:
         seqs = {j.id: j.finish_seq for j in s.scalars(select(Job).where(Job.batch_id == batch_id))}
         status = queries.batch_status(s, batch_id)
@@ -161,9 +157,8 @@ def test_finish_seq_follows_finish_order_and_completes_batch(sessions):
 def test_cancel_batch_cancels_unfinished_jobs_and_revokes_only_queued(sessions):
     batch_id, (a, b, c, d) = make_batch(sessions, n_tasks=2, group_size=2)
     for stage in Stage:  # a finishes
-        claim(sessions, a, stage)
-        complete(sessions, a, stage)
-    claim(sessions, b, Stage.INIT)  # b is running INIT
+        complete(sessions, claim(sessions, a, stage))
+    running = claim(sessions, b, Stage.INIT)  # b is running INIT
     with transaction(sessions) as s:
         revoked = lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow())
     assert len(revoked) == 2  # c and d were still queued
@@ -171,7 +166,7 @@ def test_cancel_batch_cancels_unfinished_jobs_and_revokes_only_queued(sessions):
     for j in (b, c, d):
         assert job(sessions, j).state is JobState.CANCELLED
     # b's running stage finds the cancel when it tries to record its result
-    assert complete(sessions, b, Stage.INIT).reason == "cancelled"
+    assert complete(sessions, running).reason == "cancelled"
     with sessions() as s:
         status = queries.batch_status(s, batch_id)
         seqs = sorted(s.scalars(select(Job.finish_seq).where(Job.batch_id == batch_id)))
@@ -180,10 +175,9 @@ def test_cancel_batch_cancels_unfinished_jobs_and_revokes_only_queued(sessions):
 
 def test_rerun_of_run_overwrites_its_trajectory(sessions):
     _, (job_id, _) = make_batch(sessions)
-    claim(sessions, job_id, Stage.INIT)
-    complete(sessions, job_id, Stage.INIT)
+    complete(sessions, claim(sessions, job_id, Stage.INIT))
     with transaction(sessions) as s:
-        lifecycle.claim_stage(
+        rerun = lifecycle.claim_stage(
             s.connection(),
             job_id=job_id,
             stage=Stage.RUN,
@@ -196,7 +190,7 @@ def test_rerun_of_run_overwrites_its_trajectory(sessions):
         lifecycle._save_trajectory(
             s.connection(), job_id, RunResult(trajectory=TrajectoryData(token_ids=[1], logprobs=[0.0], loss_mask=[0]))
         )
-    complete(sessions, job_id, Stage.RUN, worker="w1")
+    complete(sessions, rerun, worker="w1")
     with sessions() as s:
         assert s.scalar(select(func.count()).select_from(Trajectory).where(Trajectory.job_id == job_id)) == 1
         assert s.get_one(Trajectory, job_id).num_tokens == 3
@@ -233,8 +227,7 @@ def test_check_transition_allows_the_state_machine_and_every_cancel():
 def test_renew_leases_keeps_owned_jobs_and_reports_the_rest(sessions):
     _, (a, b) = make_batch(sessions)
     claim(sessions, a, Stage.INIT, worker="w1")
-    claim(sessions, b, Stage.INIT, worker="w1")
-    complete(sessions, b, Stage.INIT, worker="w1")  # b's stage ended: no lease to renew
+    complete(sessions, claim(sessions, b, Stage.INIT, worker="w1"), worker="w1")  # b's stage ended: no lease to renew
     until = utcnow() + timedelta(seconds=LEASE_S)
     with transaction(sessions) as s:
         kept = lifecycle.renew_leases(s.connection(), job_ids=[a, b], worker="w1", until=until)

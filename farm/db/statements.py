@@ -1,0 +1,159 @@
+"""The statements of the job state machine (``farm.db.lifecycle``), built once.
+
+Building a SQLAlchemy expression costs more Python than running it, and these run several
+times per stage of every job. Statements without ``values()`` SET whichever columns their
+parameters name; their own bind parameters start with ``_`` so they never clash with one.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, cast
+
+from sqlalchemy import Insert, Table, and_, bindparam, case, insert, literal, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from farm.constants import BatchState, JobState, Stage
+from farm.db.base import UTCDateTime
+from farm.db.models import STATE_TIMESTAMP, TRANSITIONS, Batch, Group, Job, StageRun, Trajectory
+
+JOBS, RUNS, BATCHES, GROUPS, TRAJECTORIES = (
+    cast(Table, model.__table__) for model in (Job, StageRun, Batch, Group, Trajectory)
+)
+
+STAGE_STATE = {Stage.INIT: JobState.INIT, Stage.RUN: JobState.RUN, Stage.EVAL: JobState.EVAL}
+PREVIOUS_STATE = {Stage.INIT: JobState.QUEUED, Stage.RUN: JobState.INIT, Stage.EVAL: JobState.RUN}
+
+#: what the lifecycle reads of a job row.
+JOB_COLUMNS = [
+    JOBS.c[name]
+    for name in (
+        "id",
+        "batch_id",
+        "group_id",
+        "type",
+        "state",
+        "stage_done",
+        "lease_until",
+        "worker",
+        "stage_attempts",
+        "attempts",
+        "node",
+        "seed",
+        "stage_data",
+        "stage_started_at",
+        "outcome",
+        "reason",
+        "task_id",
+        "created_at",
+    )
+]
+LOCK_JOB = select(*JOB_COLUMNS).where(JOBS.c.id == bindparam("job_id")).with_for_update()
+LOCK_JOB_WITH_TASK = (
+    select(*JOB_COLUMNS, GROUPS.c.config, BATCHES.c.sampling)
+    .join(GROUPS, GROUPS.c.id == JOBS.c.group_id)
+    .join(BATCHES, BATCHES.c.id == JOBS.c.batch_id)
+    .where(JOBS.c.id == bindparam("job_id"))
+    .with_for_update(of=JOBS)
+)
+TASK_OF_GROUP = (
+    select(GROUPS.c.config, BATCHES.c.sampling)
+    .join(BATCHES, BATCHES.c.id == GROUPS.c.batch_id)
+    .where(GROUPS.c.id == bindparam("group_id"))
+)
+UPDATE_JOB = update(JOBS).where(JOBS.c.id == bindparam("_job_id"))
+#: a completion's write, guarded: only while the attempt it claimed is still running.
+UPDATE_OWNED_ATTEMPT = update(JOBS).where(
+    JOBS.c.id == bindparam("_job_id"),
+    JOBS.c.state == bindparam("_state"),
+    JOBS.c.stage_done.is_(False),
+    JOBS.c.worker == bindparam("_worker"),
+    JOBS.c.stage_attempts == bindparam("_attempt"),
+)
+INSERT_RUN = insert(RUNS)
+RENEW_LEASES = (
+    update(JOBS)
+    .where(
+        JOBS.c.id.in_(bindparam("ids", expanding=True)),
+        JOBS.c.worker == bindparam("_worker"),
+        JOBS.c.stage_done.is_(False),
+        JOBS.c.state.in_(list(STAGE_STATE.values())),
+    )
+    .values(lease_until=bindparam("_until"))
+    .returning(JOBS.c.id)
+)
+_COMPLETES_BATCH = and_(
+    BATCHES.c.finished_jobs + bindparam("_count") >= BATCHES.c.total_jobs,
+    BATCHES.c.state == BatchState.RUNNING,
+)
+TAKE_FINISH_SEQS = (
+    update(BATCHES)
+    .where(BATCHES.c.id == bindparam("_batch_id"))
+    .values(
+        finished_jobs=BATCHES.c.finished_jobs + bindparam("_count"),
+        # SET expressions read the row as it was, so this is "the last jobs of a running batch".
+        state=case((_COMPLETES_BATCH, literal(BatchState.COMPLETE, BATCHES.c.state.type)), else_=BATCHES.c.state),
+        finished_at=case((_COMPLETES_BATCH, bindparam("_now", type_=UTCDateTime())), else_=BATCHES.c.finished_at),
+    )
+    .returning(BATCHES.c.finished_jobs)
+)
+LOAD_TRAJECTORY = select(
+    TRAJECTORIES.c.token_ids,
+    TRAJECTORIES.c.logprobs,
+    TRAJECTORIES.c.loss_mask,
+    TRAJECTORIES.c.turn_offsets,
+    TRAJECTORIES.c.info,
+).where(TRAJECTORIES.c.job_id == bindparam("job_id"))
+SCORE_TRAJECTORY = update(TRAJECTORIES).where(TRAJECTORIES.c.job_id == bindparam("_job_id"))
+
+
+def _claim_next(stage: Stage) -> Any:
+    """The usual claim: the previous stage is done (so the job is neither cancelled nor finished
+    nor claimed by anyone), and the job moves into ``stage`` in one statement."""
+    previous, target = PREVIOUS_STATE[stage], STAGE_STATE[stage]
+    # The lifecycle skips check_transition on this path: these moves are always legal.
+    assert target in TRANSITIONS[previous]
+    now = bindparam("_now", type_=UTCDateTime())
+    values: dict[str, Any] = {
+        "state": target,
+        STATE_TIMESTAMP[target]: now,
+        "stage_started_at": now,
+        "stage_attempts": 1,
+        "attempts": JOBS.c.attempts + 1,
+        "stage_done": False,
+        "worker": bindparam("_worker"),
+        "lease_until": bindparam("_until", type_=UTCDateTime()),
+    }
+    if stage is Stage.INIT:
+        values["node"] = bindparam("_node")
+    return (
+        update(JOBS)
+        .where(JOBS.c.id == bindparam("_job_id"), JOBS.c.state == previous, JOBS.c.stage_done.is_(True))
+        .values(values)
+        .returning(*JOB_COLUMNS)
+    )
+
+
+CLAIM_NEXT = {stage: _claim_next(stage) for stage in Stage}
+
+_TRAJECTORY_VALUES = (
+    "num_tokens",
+    "token_ids",
+    "logprobs",
+    "loss_mask",
+    "turn_offsets",
+    "info",
+    "reward",
+    "metrics",
+    "timings",
+)
+
+
+@cache
+def upsert_trajectory(dialect: str) -> Insert:
+    """Insert a trajectory, or overwrite the one a previous attempt of RUN left."""
+    statement = (pg_insert if dialect == "postgresql" else sqlite_insert)(TRAJECTORIES)
+    return statement.on_conflict_do_update(
+        index_elements=[TRAJECTORIES.c.job_id], set_={name: statement.excluded[name] for name in _TRAJECTORY_VALUES}
+    )
