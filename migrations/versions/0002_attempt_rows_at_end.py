@@ -8,6 +8,10 @@ Create Date: 2026-11-22 03:05:00.000000
 of the attempt; ``jobs.stage_started_at`` replaces it, and the row is inserted once, at the end.
 Attempts in progress at upgrade time move from their RUNNING rows onto their jobs (and back on
 downgrade), so a stage that is running while the database is migrated is still recorded once.
+
+Columns are added and dropped with plain ALTER TABLE (SQLite >= 3.35 has DROP COLUMN), not
+Alembic's batch mode: that copies the table and drops the old one, and with SQLite's foreign
+keys on, dropping ``jobs`` cascades to every stage_runs and trajectories row.
 """
 
 from __future__ import annotations
@@ -29,8 +33,7 @@ _STAGE_STATES = "('init', 'run', 'eval')"
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("stage_started_at", UTCDateTime(), nullable=True))
+    op.add_column("jobs", sa.Column("stage_started_at", UTCDateTime(), nullable=True))
     op.execute(
         f"""
         UPDATE jobs SET stage_started_at = (
@@ -53,15 +56,13 @@ def upgrade() -> None:
         WHERE status = 'running'
         """
     )
-    with op.batch_alter_table("jobs") as batch:
-        batch.drop_column("current_run_id")
+    op.drop_column("jobs", "current_run_id")
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.add_column(
-            sa.Column("current_run_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=True)
-        )
+    op.add_column(
+        "jobs", sa.Column("current_run_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=True)
+    )
     op.execute(
         f"""
         INSERT INTO stage_runs (job_id, stage, attempt, status, node, worker, started_at)
@@ -70,5 +71,4 @@ def downgrade() -> None:
         """
     )
     op.execute("UPDATE jobs SET current_run_id = (SELECT max(r.id) FROM stage_runs r WHERE r.job_id = jobs.id)")
-    with op.batch_alter_table("jobs") as batch:
-        batch.drop_column("stage_started_at")
+    op.drop_column("jobs", "stage_started_at")

@@ -12,8 +12,9 @@ from farm.db import lifecycle, queries
 from farm.db.base import utcnow
 from farm.db.models import Job, StageRun, Trajectory, check_transition
 from farm.db.session import transaction
+from farm.db.taskcache import TaskCache, TaskData
 from farm.errors import InvalidTransition
-from farm.schemas import BatchCreate, EvalResult, RunResult, TrajectoryData
+from farm.schemas import BatchCreate, EvalResult, RunResult, SamplingParams, TrajectoryData
 
 LEASE_S = 30.0
 
@@ -253,3 +254,132 @@ def test_a_resent_stage_that_never_arrives_is_resent_again(sessions):
     assert a[3] != b[3]
     # Any worker may claim the re-sent stage during the window: the lease belongs to no one.
     assert claim(sessions, job_id, Stage.INIT, worker="alive", now=t2).skip is None
+
+
+def history(sessions, job_id: int) -> list[tuple]:
+    with sessions() as s:
+        return [(h.stage, h.attempt, h.status, h.worker) for h in queries.get_job(s, job_id).stages]
+
+
+def test_running_attempt_shows_in_history_and_gets_its_row_when_it_ends(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    c = claim(sessions, job_id, Stage.INIT, worker="w1")
+    with sessions() as s:
+        assert s.scalar(select(func.count()).select_from(StageRun).where(StageRun.job_id == job_id)) == 0
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.RUNNING, "w1")]
+    complete(sessions, c)
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.OK, "w1")]
+
+
+def test_handler_changing_its_state_does_not_change_what_is_stored(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    complete(sessions, claim(sessions, job_id, Stage.INIT))
+    c = claim(sessions, job_id, Stage.RUN)
+    c.state["x"] = "changed by the handler"
+    complete(sessions, c)
+    assert claim(sessions, job_id, Stage.EVAL).state == {"x": 1, "y": 2}
+
+
+def test_completion_of_an_older_attempt_by_the_same_worker_writes_the_job_row_as_it_is(sessions):
+    # Given a worker whose lease lapsed and who then took its own stage over (attempt 2)...
+    _, (job_id, _) = make_batch(sessions)
+    first = claim(sessions, job_id, Stage.INIT, worker="w1")
+    later = utcnow() + timedelta(seconds=LEASE_S + 1)
+    second = claim(sessions, job_id, Stage.INIT, worker="w1", now=later)
+    assert second.attempt == 2
+    # ...when attempt 1 finishes first, it is recorded for the attempt the job row holds.
+    assert complete(sessions, first).recorded
+    assert not complete(sessions, second).recorded
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.LOST, "w1"), (Stage.INIT, 2, StageStatus.OK, "w1")]
+
+
+def test_sweeper_records_the_attempt_it_takes_back_as_lost(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    claim(sessions, job_id, Stage.INIT, worker="dead")
+    later = utcnow() + timedelta(seconds=LEASE_S + 1)
+    with transaction(sessions) as s:
+        lifecycle.expired_leases(s.connection(), now=later, resend_until=later + timedelta(seconds=LEASE_S))
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.LOST, "dead")]
+    taken = claim(sessions, job_id, Stage.INIT, worker="alive", now=later)
+    complete(sessions, taken, worker="alive")
+    assert history(sessions, job_id) == [
+        (Stage.INIT, 1, StageStatus.LOST, "dead"),
+        (Stage.INIT, 2, StageStatus.OK, "alive"),
+    ]
+
+
+def test_cancel_records_the_running_attempt_as_cancelled(sessions):
+    batch_id, (job_id, _) = make_batch(sessions)
+    running = claim(sessions, job_id, Stage.INIT, worker="w1")
+    with transaction(sessions) as s:
+        lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow())
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.CANCELLED, "w1")]
+    assert complete(sessions, running).reason == "cancelled"
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.CANCELLED, "w1")]
+
+
+def test_retry_and_failure_record_one_row_per_attempt(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    claim(sessions, job_id, Stage.INIT, worker="w1")
+    now = utcnow()
+    with transaction(sessions) as s:
+        task_id = lifecycle.retry_stage(
+            s.connection(), job_id=job_id, stage=Stage.INIT, worker="w1", now=now, error="boom", resend_until=now
+        )
+    assert task_id is not None
+    assert claim(sessions, job_id, Stage.INIT, worker="w1").attempt == 2
+    with transaction(sessions) as s:
+        assert lifecycle.fail_stage(
+            s.connection(),
+            job_id=job_id,
+            stage=Stage.INIT,
+            worker="w1",
+            now=utcnow(),
+            outcome=Outcome.SANDBOX_ERROR,
+            error="x",
+        )
+    assert history(sessions, job_id) == [
+        (Stage.INIT, 1, StageStatus.RETRY, "w1"),
+        (Stage.INIT, 2, StageStatus.ERROR, "w1"),
+    ]
+    assert job(sessions, job_id).state is JobState.FAILED
+
+
+def test_claim_reads_a_groups_task_data_once_per_cache(sessions):
+    _, (a, b) = make_batch(sessions)
+    tasks = TaskCache()
+    with transaction(sessions) as s:
+        first = lifecycle.claim_stage(
+            s.connection(),
+            job_id=a,
+            stage=Stage.INIT,
+            node="n1",
+            worker="w",
+            now=utcnow(),
+            lease_s=LEASE_S,
+            max_attempts=3,
+            tasks=tasks,
+        )
+    data = tasks.get(job(sessions, a).group_id)
+    assert data is not None and data.config == {"text": "t0"} and first.config == {"text": "t0"}
+    with transaction(sessions) as s:
+        second = lifecycle.claim_stage(
+            s.connection(),
+            job_id=b,
+            stage=Stage.INIT,
+            node="n1",
+            worker="w",
+            now=utcnow(),
+            lease_s=LEASE_S,
+            max_attempts=3,
+            tasks=tasks,
+        )
+    assert second.config == first.config and second.sampling == first.sampling
+
+
+def test_task_cache_drops_its_oldest_entries_when_full():
+    tasks = TaskCache(size=2)
+    data = TaskData(config={}, sampling=SamplingParams())
+    for group_id in (1, 2, 3):
+        tasks.put(group_id, data)
+    assert tasks.get(1) is None and tasks.get(2) is data and tasks.get(3) is data
