@@ -32,6 +32,7 @@ from farm.db.arrays import FLOAT32, pack_ids, pack_logprobs, pack_mask, unpack_i
 from farm.db.base import utcnow
 from farm.db.models import STATE_TIMESTAMP, Batch, Job, check_transition
 from farm.db.taskcache import TaskCache, TaskData
+from farm.errors import ClaimLost
 from farm.schemas import EvalResult, RunResult, SamplingParams, TrajectoryData
 
 STAGE_STATE = sql.STAGE_STATE
@@ -190,6 +191,7 @@ def claim_stage(
         params["_node"] = node
     job = session.execute(sql.CLAIM_NEXT[stage], params).one_or_none()
     if job is not None:
+        _commit_early(session)
         task = _task_data(session, job.group_id, tasks)
         return _granted(
             session, job, stage, attempt=1, now=now, node=job.node, config=task.config, sampling=task.sampling
@@ -204,6 +206,17 @@ def claim_stage(
         lease_s=lease_s,
         max_attempts=max_attempts,
     )
+
+
+def _commit_early(session: Connection) -> None:
+    """Let this transaction's commit return before PostgreSQL has its WAL on disk (~2 ms less
+    per commit). Only for writes a database crash may lose without harm, because something
+    notices and redoes them: a lost claim is found by the stage's own completion (ClaimLost,
+    the message is delivered again), a lost INIT or RUN completion by the lease sweeper. Every
+    commit that finishes a job still waits, and it carries any earlier write with it (the WAL
+    is written in order)."""
+    if session.dialect.name == "postgresql":
+        session.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
 
 
 def _task_data(session: Connection, group_id: int, tasks: TaskCache | None) -> TaskData:
@@ -330,6 +343,9 @@ def _owned(session: Connection, job_id: int, stage: Stage, worker: str) -> tuple
         return None, "job vanished"
     if job.state is JobState.CANCELLED:
         return None, "cancelled"
+    if job.state is PREVIOUS_STATE[stage] and job.stage_done:
+        # Nothing moves a job back: the database lost the claim (see _commit_early).
+        raise ClaimLost(f"the claim of {stage.value} was lost", job_id=job_id)
     if job.state is not STAGE_STATE[stage] or job.stage_done or job.worker != worker:
         return None, "lease lost: another worker took the stage over"
     return job, ""
@@ -438,6 +454,7 @@ def complete_stage(
     if result.finish is not None:
         _set_job(session, claim.job_id, finish_seq=_take_finish_seqs(session, claim.batch_id, 1, now))
         return Completion(recorded=True, finished=result.finish)
+    _commit_early(session)
     return Completion(recorded=True, next_stage=result.next_stage, next_task_id=result.task_id, node=claim.node)
 
 

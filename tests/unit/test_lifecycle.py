@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from farm.constants import BatchState, JobState, Outcome, Stage, StageStatus
 from farm.db import lifecycle, queries
@@ -13,7 +13,7 @@ from farm.db.base import utcnow
 from farm.db.models import Job, StageRun, Trajectory, check_transition
 from farm.db.session import transaction
 from farm.db.taskcache import TaskCache, TaskData
-from farm.errors import InvalidTransition
+from farm.errors import ClaimLost, InvalidTransition
 from farm.schemas import BatchCreate, EvalResult, RunResult, SamplingParams, TrajectoryData
 
 LEASE_S = 30.0
@@ -383,3 +383,20 @@ def test_task_cache_drops_its_oldest_entries_when_full():
     for group_id in (1, 2, 3):
         tasks.put(group_id, data)
     assert tasks.get(1) is None and tasks.get(2) is data and tasks.get(3) is data
+
+
+def test_a_claim_the_database_lost_is_reported_so_the_stage_is_delivered_again(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    c = claim(sessions, job_id, Stage.INIT)
+    # Given a database that restarted before the claim (committed without waiting for the disk)
+    # reached it: the job is back where it was.
+    with transaction(sessions) as s:
+        s.execute(update(Job).where(Job.id == job_id).values(state=JobState.QUEUED, stage_done=True, worker=None))
+    with pytest.raises(ClaimLost):
+        complete(sessions, c)
+    with pytest.raises(ClaimLost), transaction(sessions) as s:
+        now = utcnow()
+        lifecycle.retry_stage(
+            s.connection(), job_id=job_id, stage=Stage.INIT, worker="w1", now=now, error="x", resend_until=now
+        )
+    assert claim(sessions, job_id, Stage.INIT).attempt == 1
