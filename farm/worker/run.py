@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +16,9 @@ from farm.worker.app import make_celery_app
 from farm.worker.stages import register_stages
 from farm.worker.sweeper import Sweeper
 
+#: where Celery logs each task it receives and each one that succeeds.
+CELERY_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+
 
 def queues_for(stages: Sequence[Stage], node: str) -> list[str]:
     return [queue_name(stage, node) for stage in stages]
@@ -27,6 +31,13 @@ def default_concurrency(settings: Settings, stages: Sequence[Stage]) -> int:
         Stage.EVAL: settings.worker.eval_concurrency,
     }
     return sum(per_stage[s] for s in stages)
+
+
+def quiet_task_logs(settings: Settings) -> None:
+    """Drop Celery's per-task INFO lines unless ``worker.log_each_task`` asks for them."""
+    if not settings.worker.log_each_task:
+        for logger in CELERY_TASK_LOGGERS:
+            logging.getLogger(logger).setLevel(logging.WARNING)
 
 
 def run_worker(
@@ -55,6 +66,7 @@ def run_worker(
         sweeper.stop()
         app.farm.close()
 
+    quiet_task_logs(settings)
     signals.worker_ready.connect(_start, weak=False)
     signals.worker_shutdown.connect(_stop, weak=False)
     label = name or "-".join(s.value for s in stages)
