@@ -24,10 +24,10 @@ def make_batch(sessions, n_tasks: int = 1, group_size: int = 2) -> tuple[int, li
         tasks=[{"type": "echo", "config": {"text": f"t{i}"}} for i in range(n_tasks)], group_size=group_size
     )
     with transaction(sessions) as s:
-        batch, jobs = queries.create_batch(
+        batch, job_ids = queries.create_batch(
             s, request, idempotency_key=None, digest=queries.request_hash(request), now=utcnow()
         )
-        return batch.id, [j.id for j in jobs]
+        return batch.id, job_ids
 
 
 def claim(sessions, job_id: int, stage: Stage, worker: str = "w1", now=None, max_attempts: int = 3):
