@@ -31,7 +31,7 @@ from farm.db import statements as sql
 from farm.db.arrays import FLOAT32, pack_ids, pack_logprobs, pack_mask, unpack_ids
 from farm.db.base import utcnow
 from farm.db.models import STATE_TIMESTAMP, Batch, Job, check_transition
-from farm.db.taskcache import TaskCache, TaskData
+from farm.db.sampling import SamplingCache
 from farm.errors import ClaimLost
 from farm.schemas import EvalResult, RunResult, SamplingParams, TrajectoryData
 
@@ -181,21 +181,19 @@ def claim_stage(
     now: datetime,
     lease_s: float,
     max_attempts: int,
-    tasks: TaskCache | None = None,
+    samplings: SamplingCache | None = None,
 ) -> Claim:
     """Take ownership of ``stage`` of a job, or explain why this delivery is stale.
 
-    ``tasks`` keeps the group configs and sampling parameters this process has already read."""
+    ``samplings`` keeps the batches' sampling parameters this process has already read."""
     params = {"_job_id": job_id, "_now": now, "_until": now + timedelta(seconds=lease_s), "_worker": worker}
     if stage is Stage.INIT:
         params["_node"] = node
     job = session.execute(sql.CLAIM_NEXT[stage], params).one_or_none()
     if job is not None:
         _commit_early(session)
-        task = _task_data(session, job.group_id, tasks)
-        return _granted(
-            session, job, stage, attempt=1, now=now, node=job.node, config=task.config, sampling=task.sampling
-        )
+        sampling = _sampling(session, job.batch_id, samplings)
+        return _granted(session, job, stage, attempt=1, now=now, node=job.node, config=job.config, sampling=sampling)
     return _claim_locked(
         session,
         job_id=job_id,
@@ -219,14 +217,15 @@ def _commit_early(session: Connection) -> None:
         session.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
 
 
-def _task_data(session: Connection, group_id: int, tasks: TaskCache | None) -> TaskData:
-    data = tasks.get(group_id) if tasks is not None else None
-    if data is None:
-        row = session.execute(sql.TASK_OF_GROUP, {"group_id": group_id}).one()
-        data = TaskData(config=row.config, sampling=SamplingParams.model_validate(row.sampling))
-        if tasks is not None:
-            tasks.put(group_id, data)
-    return data
+def _sampling(session: Connection, batch_id: int, samplings: SamplingCache | None) -> SamplingParams:
+    sampling = samplings.get(batch_id) if samplings is not None else None
+    if sampling is None:
+        sampling = SamplingParams.model_validate(
+            session.execute(sql.SAMPLING_OF_BATCH, {"batch_id": batch_id}).scalar_one()
+        )
+        if samplings is not None:
+            samplings.put(batch_id, sampling)
+    return sampling
 
 
 def _claim_locked(

@@ -57,10 +57,10 @@ LOCK_JOB_WITH_TASK = (
     .where(JOBS.c.id == bindparam("job_id"))
     .with_for_update(of=JOBS)
 )
-TASK_OF_GROUP = (
-    select(GROUPS.c.config, BATCHES.c.sampling)
-    .join(BATCHES, BATCHES.c.id == GROUPS.c.batch_id)
-    .where(GROUPS.c.id == bindparam("group_id"))
+SAMPLING_OF_BATCH = select(BATCHES.c.sampling).where(BATCHES.c.id == bindparam("batch_id"))
+#: the job's task config, read by the claim's own statement (a RETURNING subquery).
+_CONFIG_OF_GROUP = (
+    select(GROUPS.c.config).where(GROUPS.c.id == JOBS.c.group_id).correlate(JOBS).scalar_subquery().label("config")
 )
 UPDATE_JOB = update(JOBS).where(JOBS.c.id == bindparam("_job_id"))
 #: a completion's write, guarded: only while the attempt it claimed is still running.
@@ -131,7 +131,7 @@ def _claim_next(stage: Stage) -> Any:
         update(JOBS)
         .where(JOBS.c.id == bindparam("_job_id"), JOBS.c.state == previous, JOBS.c.stage_done.is_(True))
         .values(values)
-        .returning(*JOB_COLUMNS)
+        .returning(*JOB_COLUMNS, _CONFIG_OF_GROUP)
     )
 
 

@@ -11,8 +11,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from farm.config import Settings
+from farm.db.sampling import SamplingCache
 from farm.db.session import make_engine, make_session_factory
-from farm.db.taskcache import TaskCache
 from farm.worker.aio import LoopThread
 from farm.worker.lease import LeaseRenewer
 
@@ -29,8 +29,8 @@ class FarmRuntime:
         self._engine: Engine | None = None
         self._sessions: sessionmaker[Session] | None = None
         self._redis: Redis | None = None
-        #: group configs and sampling parameters already read from this process's database.
-        self.tasks = TaskCache()
+        #: sampling parameters of the batches this process has claimed jobs of.
+        self.samplings = SamplingCache()
         self.leases = LeaseRenewer(settings, engine=lambda: self.engine, redis_client=lambda: self.redis)
         self.aio = LoopThread()
         self._llm: LLMResources | None = None

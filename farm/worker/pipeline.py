@@ -90,7 +90,7 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
             now=utcnow(),
             lease_s=settings.lease_s,
             max_attempts=settings.max_attempts,
-            tasks=rt.tasks,
+            samplings=rt.samplings,
         )
     if claim.skip is not None:
         return _skipped(rt, claim)

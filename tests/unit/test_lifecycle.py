@@ -11,8 +11,8 @@ from farm.constants import BatchState, JobState, Outcome, Stage, StageStatus
 from farm.db import lifecycle, queries
 from farm.db.base import utcnow
 from farm.db.models import Job, StageRun, Trajectory, check_transition
+from farm.db.sampling import SamplingCache
 from farm.db.session import transaction
-from farm.db.taskcache import TaskCache, TaskData
 from farm.errors import ClaimLost, InvalidTransition
 from farm.schemas import BatchCreate, EvalResult, RunResult, SamplingParams, TrajectoryData
 
@@ -345,44 +345,36 @@ def test_retry_and_failure_record_one_row_per_attempt(sessions):
     assert job(sessions, job_id).state is JobState.FAILED
 
 
-def test_claim_reads_a_groups_task_data_once_per_cache(sessions):
+def test_claim_reads_a_batchs_sampling_once_per_cache(sessions):
     _, (a, b) = make_batch(sessions)
-    tasks = TaskCache()
+    samplings = SamplingCache()
+    first = claim_with(sessions, a, samplings)
+    assert first.config == {"text": "t0"} and samplings.get(first.batch_id) == first.sampling
+    second = claim_with(sessions, b, samplings)
+    assert second.config == first.config and second.sampling is first.sampling
+
+
+def claim_with(sessions, job_id: int, samplings: SamplingCache) -> lifecycle.Claim:
     with transaction(sessions) as s:
-        first = lifecycle.claim_stage(
+        return lifecycle.claim_stage(
             s.connection(),
-            job_id=a,
+            job_id=job_id,
             stage=Stage.INIT,
             node="n1",
             worker="w",
             now=utcnow(),
             lease_s=LEASE_S,
             max_attempts=3,
-            tasks=tasks,
+            samplings=samplings,
         )
-    data = tasks.get(job(sessions, a).group_id)
-    assert data is not None and data.config == {"text": "t0"} and first.config == {"text": "t0"}
-    with transaction(sessions) as s:
-        second = lifecycle.claim_stage(
-            s.connection(),
-            job_id=b,
-            stage=Stage.INIT,
-            node="n1",
-            worker="w",
-            now=utcnow(),
-            lease_s=LEASE_S,
-            max_attempts=3,
-            tasks=tasks,
-        )
-    assert second.config == first.config and second.sampling == first.sampling
 
 
-def test_task_cache_drops_its_oldest_entries_when_full():
-    tasks = TaskCache(size=2)
-    data = TaskData(config={}, sampling=SamplingParams())
-    for group_id in (1, 2, 3):
-        tasks.put(group_id, data)
-    assert tasks.get(1) is None and tasks.get(2) is data and tasks.get(3) is data
+def test_sampling_cache_drops_its_oldest_entries_when_full():
+    samplings = SamplingCache(size=2)
+    sampling = SamplingParams()
+    for batch_id in (1, 2, 3):
+        samplings.put(batch_id, sampling)
+    assert samplings.get(1) is None and samplings.get(2) is sampling and samplings.get(3) is sampling
 
 
 def test_a_claim_the_database_lost_is_reported_so_the_stage_is_delivered_again(sessions):
