@@ -306,7 +306,7 @@ def _granted(
         sampling=sampling,
         seed=job.seed,
         node=node,
-        trajectory=load_trajectory(session, job.id) if stage is Stage.EVAL else None,
+        trajectory=_trajectory(session, job) if stage is Stage.EVAL else None,
         started_at=now,
         stage_data=data,
         created_at=job.created_at,
@@ -315,10 +315,19 @@ def _granted(
     )
 
 
+def _trajectory(session: Connection, job: JobRow) -> TrajectoryData | None:
+    """RUN's episode for EVAL: from the claim's own row when its statement read it."""
+    if "token_ids" in job._fields:
+        return _unpack_trajectory(job) if job.token_ids is not None else None
+    return load_trajectory(session, job.id)
+
+
 def load_trajectory(session: Connection, job_id: int) -> TrajectoryData | None:
     row = session.execute(sql.LOAD_TRAJECTORY, {"job_id": job_id}).one_or_none()
-    if row is None:
-        return None
+    return None if row is None else _unpack_trajectory(row)
+
+
+def _unpack_trajectory(row: Any) -> TrajectoryData:
     return TrajectoryData(
         token_ids=unpack_ids(row.token_ids),
         logprobs=np.frombuffer(row.logprobs, dtype=FLOAT32).tolist(),

@@ -98,14 +98,19 @@ TAKE_FINISH_SEQS = (
     )
     .returning(BATCHES.c.finished_jobs)
 )
-LOAD_TRAJECTORY = select(
-    TRAJECTORIES.c.token_ids,
-    TRAJECTORIES.c.logprobs,
-    TRAJECTORIES.c.loss_mask,
-    TRAJECTORIES.c.turn_offsets,
-    TRAJECTORIES.c.info,
-).where(TRAJECTORIES.c.job_id == bindparam("job_id"))
+#: what EVAL reads of RUN's trajectory.
+TRAJECTORY_ARRAYS = ("token_ids", "logprobs", "loss_mask", "turn_offsets", "info")
+LOAD_TRAJECTORY = select(*(TRAJECTORIES.c[name] for name in TRAJECTORY_ARRAYS)).where(
+    TRAJECTORIES.c.job_id == bindparam("job_id")
+)
 SCORE_TRAJECTORY = update(TRAJECTORIES).where(TRAJECTORIES.c.job_id == bindparam("_job_id"))
+
+
+#: RUN's episode, read by EVAL's claim in its own statement (RETURNING subqueries).
+_TRAJECTORY_OF_JOB = [
+    select(TRAJECTORIES.c[name]).where(TRAJECTORIES.c.job_id == JOBS.c.id).correlate(JOBS).scalar_subquery().label(name)
+    for name in TRAJECTORY_ARRAYS
+]
 
 
 def _claim_next(stage: Stage) -> Any:
@@ -131,7 +136,7 @@ def _claim_next(stage: Stage) -> Any:
         update(JOBS)
         .where(JOBS.c.id == bindparam("_job_id"), JOBS.c.state == previous, JOBS.c.stage_done.is_(True))
         .values(values)
-        .returning(*JOB_COLUMNS, _CONFIG_OF_GROUP)
+        .returning(*JOB_COLUMNS, _CONFIG_OF_GROUP, *(_TRAJECTORY_OF_JOB if stage is Stage.EVAL else ()))
     )
 
 
