@@ -421,14 +421,12 @@ def complete_stage(
     """Record a stage's result and decide what comes next. Idempotent per stage: a re-run
     overwrites its own trajectory row rather than adding a second one."""
     result = _result(claim, now, init_state, run_result, eval_result)
-    # The usual case: this worker's attempt is still the job's attempt in progress.
-    guard = {
-        "_job_id": claim.job_id,
-        "_state": STAGE_STATE[claim.stage],
-        "_worker": worker,
-        "_attempt": claim.attempt,
-    }
-    if session.execute(sql.UPDATE_OWNED_ATTEMPT, {**guard, **result.values}).rowcount != 1:
+    writes = _Writes(
+        attempt=_attempt_row(claim, worker, now),
+        trajectory=_trajectory_row(run_result) if run_result is not None else None,
+        score=_score_row(eval_result, result) if eval_result is not None else None,
+    )
+    if not _write_owned(session, claim, worker, result, writes):
         job, why = _owned(session, claim.job_id, claim.stage, worker)
         if job is None:
             return Completion(recorded=False, reason=why)
@@ -436,34 +434,95 @@ def complete_stage(
         # over after its lease lapsed): write what the job row says.
         claim = _as_claimed(job, claim.stage)
         result = _result(claim, now, init_state, run_result, eval_result)
+        writes.attempt = _attempt_row(claim, worker, now)
+        writes.score = _score_row(eval_result, result) if eval_result is not None else None
         _set_job(session, claim.job_id, **result.values)
-    _record_attempt(
-        session,
-        job_id=claim.job_id,
-        stage=claim.stage,
-        attempt=claim.attempt,
-        status=StageStatus.OK,
-        node=claim.node,
-        worker=worker,
-        started_at=claim.started_at,
-        now=now,
-    )
-    if run_result is not None:
-        _save_trajectory(session, claim.job_id, run_result)
-    if eval_result is not None:
-        params = {
-            "_job_id": claim.job_id,
-            "reward": eval_result.reward,
-            "metrics": dict(eval_result.metrics),
-            "info": dict(eval_result.info),
-            "timings": result.values["stage_data"]["timings"],
-        }
-        session.execute(sql.SCORE_TRAJECTORY, params)
+        _write_apart(session, claim.job_id, writes)
     if result.finish is not None:
-        _set_job(session, claim.job_id, finish_seq=_take_finish_seqs(session, claim.batch_id, 1, now))
+        _take_finish_seq(session, claim.job_id, claim.batch_id, now)
         return Completion(recorded=True, finished=result.finish)
     _commit_early(session)
     return Completion(recorded=True, next_stage=result.next_stage, next_task_id=result.task_id, node=claim.node)
+
+
+@dataclass
+class _Writes:
+    """The rows a completion writes besides the job's: its attempt, RUN's trajectory, EVAL's score."""
+
+    attempt: dict[str, Any]
+    trajectory: dict[str, Any] | None
+    score: dict[str, Any] | None
+
+
+def _write_owned(session: Connection, claim: Claim, worker: str, result: _Result, writes: _Writes) -> bool:
+    """The usual completion: this worker's attempt is still the job's attempt in progress.
+    Writes everything and returns True if so; writes nothing otherwise. PostgreSQL does it in
+    one statement; SQLite (no writes in WITH) in one per table."""
+    guard = {"_job_id": claim.job_id, "_state": STAGE_STATE[claim.stage], "_worker": worker, "_attempt": claim.attempt}
+    if session.dialect.name != "postgresql":
+        if session.execute(sql.UPDATE_OWNED_ATTEMPT, {**guard, **result.values}).rowcount != 1:
+            return False
+        _write_apart(session, claim.job_id, writes)
+        return True
+    params = {
+        **guard,
+        **{f"_set_{name}": value for name, value in result.values.items()},
+        **{f"_run_{name}": value for name, value in writes.attempt.items()},
+        **{f"_trajectory_{name}": value for name, value in (writes.trajectory or {}).items()},
+        **{f"_score_{name}": value for name, value in (writes.score or {}).items()},
+    }
+    statement = sql.complete_owned(claim.stage, tuple(result.values))
+    return bool(session.execute(statement, params).scalar_one() == 1)
+
+
+def _write_apart(session: Connection, job_id: int, writes: _Writes) -> None:
+    session.execute(sql.INSERT_RUN, writes.attempt)
+    if writes.trajectory is not None:
+        session.execute(sql.upsert_trajectory(session.dialect.name), {"job_id": job_id, **writes.trajectory})
+    if writes.score is not None:
+        session.execute(sql.SCORE_TRAJECTORY, {"_job_id": job_id, **writes.score})
+
+
+def _attempt_row(claim: Claim, worker: str, now: datetime) -> dict[str, Any]:
+    """The stage_runs row of the attempt ``claim`` began, completed now."""
+    return {
+        "job_id": claim.job_id,
+        "stage": claim.stage,
+        "attempt": claim.attempt,
+        "status": StageStatus.OK,
+        "node": claim.node,
+        "worker": worker,
+        "started_at": claim.started_at or now,
+        "finished_at": now,
+        "error": None,
+    }
+
+
+def _trajectory_row(result: RunResult) -> dict[str, Any]:
+    """RUN's trajectory row, without its job id."""
+    t = result.trajectory
+    return {
+        "created_at": utcnow(),
+        "num_tokens": len(t.token_ids),
+        "token_ids": pack_ids(t.token_ids),
+        "logprobs": pack_logprobs(t.logprobs),
+        "loss_mask": pack_mask(t.loss_mask),
+        "turn_offsets": pack_ids(t.turn_offsets),
+        "info": dict(t.info),
+        "reward": None,
+        "metrics": {},
+        "timings": {},
+    }
+
+
+def _score_row(eval_result: EvalResult, result: _Result) -> dict[str, Any]:
+    """What EVAL adds to the trajectory row."""
+    return {
+        "reward": eval_result.reward,
+        "metrics": dict(eval_result.metrics),
+        "info": dict(eval_result.info),
+        "timings": result.values["stage_data"]["timings"],
+    }
 
 
 def _as_claimed(job: JobRow, stage: Stage) -> Claim:
@@ -483,21 +542,7 @@ def _as_claimed(job: JobRow, stage: Stage) -> Claim:
 
 
 def _save_trajectory(session: Connection, job_id: int, result: RunResult) -> None:
-    t = result.trajectory
-    row = {
-        "job_id": job_id,
-        "created_at": utcnow(),
-        "num_tokens": len(t.token_ids),
-        "token_ids": pack_ids(t.token_ids),
-        "logprobs": pack_logprobs(t.logprobs),
-        "loss_mask": pack_mask(t.loss_mask),
-        "turn_offsets": pack_ids(t.turn_offsets),
-        "info": dict(t.info),
-        "reward": None,
-        "metrics": {},
-        "timings": {},
-    }
-    session.execute(sql.upsert_trajectory(session.dialect.name), row)
+    session.execute(sql.upsert_trajectory(session.dialect.name), {"job_id": job_id, **_trajectory_row(result)})
 
 
 def retry_stage(
@@ -536,6 +581,14 @@ def _finish(
     values = _move(job.id, job.state, state, now)
     seq = _take_finish_seqs(session, job.batch_id, 1, now)
     _set_job(session, job.id, **values, outcome=outcome, reason=reason, finish_seq=seq)
+
+
+def _take_finish_seq(session: Connection, job_id: int, batch_id: int, now: datetime) -> None:
+    """Give a finished job (locked by this transaction) the next place in its batch's finish order."""
+    if session.dialect.name == "postgresql":
+        session.execute(sql.FINISH_AT_NEXT_SEQ, {"_job_id": job_id, "_batch_id": batch_id, "_count": 1, "_now": now})
+    else:
+        _set_job(session, job_id, finish_seq=_take_finish_seqs(session, batch_id, 1, now))
 
 
 def _take_finish_seqs(session: Connection, batch_id: int, count: int, now: datetime) -> int:

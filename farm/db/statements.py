@@ -10,9 +10,24 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, cast
 
-from sqlalchemy import Insert, Table, and_, bindparam, case, insert, literal, select, update
+from sqlalchemy import (
+    BindParameter,
+    Insert,
+    Select,
+    Table,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.sql.elements import Cast
 
 from farm.constants import BatchState, JobState, Stage
 from farm.db.base import UTCDateTime
@@ -162,3 +177,65 @@ def upsert_trajectory(dialect: str) -> Insert:
     return statement.on_conflict_do_update(
         index_elements=[TRAJECTORIES.c.job_id], set_={name: statement.excluded[name] for name in _TRAJECTORY_VALUES}
     )
+
+
+#: a stage_runs row, as the completion writes it.
+RUN_ROW = ("job_id", "stage", "attempt", "status", "node", "worker", "started_at", "finished_at", "error")
+#: a trajectory row, as RUN writes it.
+TRAJECTORY_ROW = ("job_id", "created_at", *_TRAJECTORY_VALUES)
+#: what EVAL adds to the trajectory.
+SCORE_ROW = ("reward", "metrics", "info", "timings")
+
+
+def _bind(table: Table, prefix: str, name: str) -> BindParameter[Any]:
+    return bindparam(f"{prefix}{name}", type_=table.c[name].type)
+
+
+def _value(table: Table, prefix: str, name: str) -> Cast[Any]:
+    # Typed explicitly: in a SELECT list a parameter has no column to take its type from (a
+    # NULL would arrive as text).
+    return sql_cast(_bind(table, prefix, name), table.c[name].type)
+
+
+@cache
+def complete_owned(stage: Stage, columns: tuple[str, ...]) -> Select[Any]:
+    """PostgreSQL: a completion in one statement. The job UPDATE guarded like
+    UPDATE_OWNED_ATTEMPT (SET ``columns`` from ``_set_<name>``), and, only for the row it
+    updated, the attempt's stage_runs row (``_run_<name>``) and the trajectory write (RUN's
+    ``_trajectory_<name>``, EVAL's ``_score_<name>``). Selects 1 if the attempt was still owned.
+    """
+    owned = (
+        update(JOBS)
+        .where(*UPDATE_OWNED_ATTEMPT.whereclause.clauses)  # type: ignore[union-attr]
+        .values({name: _bind(JOBS, "_set_", name) for name in columns})
+        .returning(JOBS.c.id)
+        .cte("owned")
+    )
+    writes = [
+        insert(RUNS)
+        .from_select(RUN_ROW, select(owned.c.id, *(_value(RUNS, "_run_", name) for name in RUN_ROW[1:])))
+        .cte("attempt")
+    ]
+    if stage is Stage.RUN:
+        rows = select(owned.c.id, *(_value(TRAJECTORIES, "_trajectory_", name) for name in TRAJECTORY_ROW[1:]))
+        upsert = pg_insert(TRAJECTORIES).from_select(TRAJECTORY_ROW, rows)
+        set_ = {name: upsert.excluded[name] for name in _TRAJECTORY_VALUES}
+        writes.append(upsert.on_conflict_do_update(index_elements=[TRAJECTORIES.c.job_id], set_=set_).cte("trajectory"))
+    if stage is Stage.EVAL:
+        score = (
+            update(TRAJECTORIES)
+            .where(TRAJECTORIES.c.job_id.in_(select(owned.c.id)))
+            .values({name: _bind(TRAJECTORIES, "_score_", name) for name in SCORE_ROW})
+        )
+        writes.append(score.cte("score"))
+    return select(func.count()).select_from(owned).add_cte(*writes)
+
+
+_SEQ = TAKE_FINISH_SEQS.cte("seq")
+#: PostgreSQL: take the next finish position of the job's batch and give it to the job, in one
+#: statement (the job row is already locked, so the lock order stays job, then batch).
+FINISH_AT_NEXT_SEQ = (
+    update(JOBS)
+    .where(JOBS.c.id == bindparam("_job_id"))
+    .values(finish_seq=select(_SEQ.c.finished_jobs).scalar_subquery())
+)
