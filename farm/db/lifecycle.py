@@ -186,14 +186,12 @@ def claim_stage(
     """Take ownership of ``stage`` of a job, or explain why this delivery is stale.
 
     ``samplings`` keeps the batches' sampling parameters this process has already read."""
-    params = {"_job_id": job_id, "_now": now, "_until": now + timedelta(seconds=lease_s), "_worker": worker}
-    if stage is Stage.INIT:
-        params["_node"] = node
-    job = session.execute(sql.CLAIM_NEXT[stage], params).one_or_none()
-    if job is not None:
+    claim = claim_next(
+        session, job_id=job_id, stage=stage, node=node, worker=worker, now=now, lease_s=lease_s, samplings=samplings
+    )
+    if claim is not None:
         _commit_early(session)
-        sampling = _sampling(session, job.batch_id, samplings)
-        return _granted(session, job, stage, attempt=1, now=now, node=job.node, config=job.config, sampling=sampling)
+        return claim
     return _claim_locked(
         session,
         job_id=job_id,
@@ -206,13 +204,38 @@ def claim_stage(
     )
 
 
+def claim_next(
+    conn: Connection,
+    *,
+    job_id: int,
+    stage: Stage,
+    node: str,
+    worker: str,
+    now: datetime,
+    lease_s: float,
+    samplings: SamplingCache | None = None,
+) -> Claim | None:
+    """The usual claim in one statement: the previous stage is done, and the job moves into
+    ``stage``. None when it is anything else (``claim_stage`` then sorts it out under the row
+    lock). Needs no transaction of its own, so it may run on an autocommit connection."""
+    params = {"_job_id": job_id, "_now": now, "_until": now + timedelta(seconds=lease_s), "_worker": worker}
+    if stage is Stage.INIT:
+        params["_node"] = node
+    job = conn.execute(sql.CLAIM_NEXT[stage], params).one_or_none()
+    if job is None:
+        return None
+    sampling = _sampling(conn, job.batch_id, samplings)
+    return _granted(conn, job, stage, attempt=1, now=now, node=job.node, config=job.config, sampling=sampling)
+
+
 def _commit_early(session: Connection) -> None:
     """Let this transaction's commit return before PostgreSQL has its WAL on disk (~2 ms less
-    per commit). Only for writes a database crash may lose without harm, because something
-    notices and redoes them: a lost claim is found by the stage's own completion (ClaimLost,
-    the message is delivered again), a lost INIT or RUN completion by the lease sweeper. Every
-    commit that finishes a job still waits, and it carries any earlier write with it (the WAL
-    is written in order)."""
+    per commit), as ``claim_next`` and ``complete_next`` on an autocommit engine without flush
+    waits do. Only for writes a database crash may lose without harm, because something notices
+    and redoes them: a lost claim is found by the stage's own completion (ClaimLost, the message
+    is delivered again), a lost INIT or RUN completion by the lease sweeper. Every commit that
+    finishes a job still waits, and it carries any earlier write with it (the WAL is written in
+    order)."""
     if session.dialect.name == "postgresql":
         session.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
 
@@ -406,6 +429,31 @@ def _result(
         values["task_id"] = result.task_id
     values["stage_data"] = {"state": state, "timings": timings}
     return result
+
+
+def complete_next(
+    conn: Connection,
+    claim: Claim,
+    *,
+    worker: str,
+    now: datetime,
+    init_state: dict[str, Any] | None = None,
+    run_result: RunResult | None = None,
+) -> Completion | None:
+    """PostgreSQL: the usual INIT or RUN completion (the job goes on to its next stage) in one
+    statement, so it may run on an autocommit connection. None when the result would finish
+    the job, or the attempt is no longer the job's: ``complete_stage`` then takes over."""
+    result = _result(claim, now, init_state, run_result, None)
+    if result.finish is not None or conn.dialect.name != "postgresql":
+        return None
+    writes = _Writes(
+        attempt=_attempt_row(claim, worker, now),
+        trajectory=_trajectory_row(run_result) if run_result is not None else None,
+        score=None,
+    )
+    if not _write_owned(conn, claim, worker, result, writes):
+        return None
+    return Completion(recorded=True, next_stage=result.next_stage, next_task_id=result.task_id, node=claim.node)
 
 
 def complete_stage(

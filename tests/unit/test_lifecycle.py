@@ -7,12 +7,13 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, update
 
+from farm.config import Settings
 from farm.constants import BatchState, JobState, Outcome, Stage, StageStatus
 from farm.db import lifecycle, queries
 from farm.db.base import utcnow
 from farm.db.models import Job, StageRun, Trajectory, check_transition
 from farm.db.sampling import SamplingCache
-from farm.db.session import transaction
+from farm.db.session import make_autocommit_engine, transaction
 from farm.errors import ClaimLost, InvalidTransition
 from farm.schemas import BatchCreate, EvalResult, RunResult, SamplingParams, TrajectoryData
 
@@ -392,3 +393,24 @@ def test_a_claim_the_database_lost_is_reported_so_the_stage_is_delivered_again(s
             s.connection(), job_id=job_id, stage=Stage.INIT, worker="w1", now=now, error="x", resend_until=now
         )
     assert claim(sessions, job_id, Stage.INIT).attempt == 1
+
+
+def test_usual_claim_and_completion_work_as_single_autocommitted_statements(db_url, sessions):
+    autocommit = make_autocommit_engine(Settings(), url=db_url)
+    if autocommit is None:
+        pytest.skip("SQLite writes only in transactions")
+    _, (job_id, _) = make_batch(sessions)
+    try:
+        with autocommit.connect() as conn:
+            c = lifecycle.claim_next(
+                conn, job_id=job_id, stage=Stage.INIT, node="n1", worker="w1", now=utcnow(), lease_s=LEASE_S
+            )
+            assert c is not None and c.attempt == 1
+            done = lifecycle.complete_next(conn, c, worker="w1", now=utcnow(), init_state={"x": 1})
+            assert done is not None and done.next_stage is Stage.RUN
+            # A second completion of the same attempt is not the usual case: it falls back.
+            assert lifecycle.complete_next(conn, c, worker="w1", now=utcnow(), init_state={"x": 1}) is None
+    finally:
+        autocommit.dispose()
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.OK, "w1")]
+    assert claim(sessions, job_id, Stage.RUN).state == {"x": 1}
