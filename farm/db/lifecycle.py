@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import numpy as np
 from sqlalchemy import Connection, select, update
 
 from farm.constants import POLICY_OUTCOMES, TERMINAL_STATES, BatchState, JobState, Outcome, Stage, StageStatus
+from farm.db import attempts
 from farm.db import statements as sql
-from farm.db.arrays import FLOAT32, pack_ids, pack_logprobs, pack_mask, unpack_ids
 from farm.db.base import utcnow
 from farm.db.models import STATE_TIMESTAMP, Batch, Job, check_transition
 from farm.db.sampling import SamplingCache
@@ -36,7 +35,7 @@ from farm.errors import ClaimLost
 from farm.schemas import EvalResult, RunResult, SamplingParams, TrajectoryData
 
 STAGE_STATE = sql.STAGE_STATE
-STATE_STAGE = {v: k for k, v in STAGE_STATE.items()}
+STATE_STAGE = sql.STATE_STAGE
 PREVIOUS_STATE = sql.PREVIOUS_STATE
 NEXT_STAGE = {Stage.INIT: Stage.RUN, Stage.RUN: Stage.EVAL}
 #: the error of an attempt whose lease lapsed.
@@ -107,53 +106,6 @@ def _move(job_id: int, current: JobState, to: JobState, now: datetime) -> dict[s
     if to in TERMINAL_STATES:
         values.update(finished_at=now, lease_until=None, stage_started_at=None)
     return values
-
-
-def _record_attempt(
-    session: Connection,
-    *,
-    job_id: int,
-    stage: Stage,
-    attempt: int,
-    status: StageStatus,
-    node: str | None,
-    worker: str | None,
-    started_at: datetime | None,
-    now: datetime,
-    error: str | None = None,
-) -> None:
-    """Write the stage_runs row of an attempt that just ended."""
-    row = {
-        "job_id": job_id,
-        "stage": stage,
-        "attempt": attempt,
-        "status": status,
-        "node": node,
-        "worker": worker,
-        "started_at": started_at or now,
-        "finished_at": now,
-        "error": error,
-    }
-    session.execute(sql.INSERT_RUN, row)
-
-
-def _record_unfinished(session: Connection, job: JobRow, status: StageStatus, now: datetime, error: str | None) -> None:
-    """Record the attempt in progress on a locked job, found ended by someone other than its
-    worker (lost, or cancelled); a job with none (between attempts) gets no row."""
-    if job.stage_started_at is None or job.state not in STATE_STAGE:
-        return
-    _record_attempt(
-        session,
-        job_id=job.id,
-        stage=STATE_STAGE[job.state],
-        attempt=job.stage_attempts,
-        status=status,
-        node=job.node,
-        worker=job.worker,
-        started_at=job.stage_started_at,
-        now=now,
-        error=error,
-    )
 
 
 def _handoff(job: JobRow, stage: Stage, **extra: Any) -> Claim:
@@ -276,7 +228,7 @@ def _claim_locked(
     elif job.state is target and not job.stage_done:
         if job.worker is not None and job.lease_until is not None and job.lease_until > now:
             return Claim(job_id, stage, skip=f"{stage.value} is running on {job.worker} under a live lease")
-        _record_unfinished(session, job, StageStatus.LOST, now, LOST_ERROR)
+        attempts.record_unfinished(session, job, StageStatus.LOST, now, LOST_ERROR)
         if job.stage_attempts >= max_attempts:
             reason = f"{stage.value} did not complete in {max_attempts} attempts"
             _finish(session, job, JobState.FAILED, now=now, outcome=Outcome.INFRA_ERROR, reason=reason)
@@ -341,23 +293,8 @@ def _granted(
 def _trajectory(session: Connection, job: JobRow) -> TrajectoryData | None:
     """RUN's episode for EVAL: from the claim's own row when its statement read it."""
     if "token_ids" in job._fields:
-        return _unpack_trajectory(job) if job.token_ids is not None else None
-    return load_trajectory(session, job.id)
-
-
-def load_trajectory(session: Connection, job_id: int) -> TrajectoryData | None:
-    row = session.execute(sql.LOAD_TRAJECTORY, {"job_id": job_id}).one_or_none()
-    return None if row is None else _unpack_trajectory(row)
-
-
-def _unpack_trajectory(row: Any) -> TrajectoryData:
-    return TrajectoryData(
-        token_ids=unpack_ids(row.token_ids),
-        logprobs=np.frombuffer(row.logprobs, dtype=FLOAT32).tolist(),
-        loss_mask=list(row.loss_mask),
-        turn_offsets=unpack_ids(row.turn_offsets),
-        info=dict(row.info),
-    )
+        return attempts.unpack_trajectory(job) if job.token_ids is not None else None
+    return attempts.load_trajectory(session, job.id)
 
 
 def renew_leases(session: Connection, *, job_ids: list[int], worker: str, until: datetime) -> set[int]:
@@ -446,11 +383,7 @@ def complete_next(
     result = _result(claim, now, init_state, run_result, None)
     if result.finish is not None or conn.dialect.name != "postgresql":
         return None
-    writes = _Writes(
-        attempt=_attempt_row(claim, worker, now),
-        trajectory=_trajectory_row(run_result) if run_result is not None else None,
-        score=None,
-    )
+    writes = _writes(claim, worker, now, result, run_result, None)
     if not _write_owned(conn, claim, worker, result, writes):
         return None
     return Completion(recorded=True, next_stage=result.next_stage, next_task_id=result.task_id, node=claim.node)
@@ -469,11 +402,7 @@ def complete_stage(
     """Record a stage's result and decide what comes next. Idempotent per stage: a re-run
     overwrites its own trajectory row rather than adding a second one."""
     result = _result(claim, now, init_state, run_result, eval_result)
-    writes = _Writes(
-        attempt=_attempt_row(claim, worker, now),
-        trajectory=_trajectory_row(run_result) if run_result is not None else None,
-        score=_score_row(eval_result, result) if eval_result is not None else None,
-    )
+    writes = _writes(claim, worker, now, result, run_result, eval_result)
     if not _write_owned(session, claim, worker, result, writes):
         job, why = _owned(session, claim.job_id, claim.stage, worker)
         if job is None:
@@ -482,10 +411,9 @@ def complete_stage(
         # over after its lease lapsed): write what the job row says.
         claim = _as_claimed(job, claim.stage)
         result = _result(claim, now, init_state, run_result, eval_result)
-        writes.attempt = _attempt_row(claim, worker, now)
-        writes.score = _score_row(eval_result, result) if eval_result is not None else None
+        writes = _writes(claim, worker, now, result, run_result, eval_result)
         _set_job(session, claim.job_id, **result.values)
-        _write_apart(session, claim.job_id, writes)
+        attempts.write_apart(session, claim.job_id, writes)
     if result.finish is not None:
         _take_finish_seq(session, claim.job_id, claim.batch_id, now)
         return Completion(recorded=True, finished=result.finish)
@@ -493,16 +421,7 @@ def complete_stage(
     return Completion(recorded=True, next_stage=result.next_stage, next_task_id=result.task_id, node=claim.node)
 
 
-@dataclass
-class _Writes:
-    """The rows a completion writes besides the job's: its attempt, RUN's trajectory, EVAL's score."""
-
-    attempt: dict[str, Any]
-    trajectory: dict[str, Any] | None
-    score: dict[str, Any] | None
-
-
-def _write_owned(session: Connection, claim: Claim, worker: str, result: _Result, writes: _Writes) -> bool:
+def _write_owned(session: Connection, claim: Claim, worker: str, result: _Result, writes: attempts.Writes) -> bool:
     """The usual completion: this worker's attempt is still the job's attempt in progress.
     Writes everything and returns True if so; writes nothing otherwise. PostgreSQL does it in
     one statement; SQLite (no writes in WITH) in one per table."""
@@ -510,7 +429,7 @@ def _write_owned(session: Connection, claim: Claim, worker: str, result: _Result
     if session.dialect.name != "postgresql":
         if session.execute(sql.UPDATE_OWNED_ATTEMPT, {**guard, **result.values}).rowcount != 1:
             return False
-        _write_apart(session, claim.job_id, writes)
+        attempts.write_apart(session, claim.job_id, writes)
         return True
     params = {
         **guard,
@@ -523,54 +442,35 @@ def _write_owned(session: Connection, claim: Claim, worker: str, result: _Result
     return bool(session.execute(statement, params).scalar_one() == 1)
 
 
-def _write_apart(session: Connection, job_id: int, writes: _Writes) -> None:
-    session.execute(sql.INSERT_RUN, writes.attempt)
-    if writes.trajectory is not None:
-        session.execute(sql.upsert_trajectory(session.dialect.name), {"job_id": job_id, **writes.trajectory})
-    if writes.score is not None:
-        session.execute(sql.SCORE_TRAJECTORY, {"_job_id": job_id, **writes.score})
+def _writes(
+    claim: Claim,
+    worker: str,
+    now: datetime,
+    result: _Result,
+    run_result: RunResult | None,
+    eval_result: EvalResult | None,
+) -> attempts.Writes:
+    """The rows the completion of ``claim`` writes besides the job's."""
+    timings = result.values["stage_data"]["timings"]
+    return attempts.Writes(
+        attempt=_attempt_row(claim, worker, now),
+        trajectory=attempts.trajectory_row(run_result) if run_result is not None else None,
+        score=attempts.score_row(eval_result, timings) if eval_result is not None else None,
+    )
 
 
 def _attempt_row(claim: Claim, worker: str, now: datetime) -> dict[str, Any]:
     """The stage_runs row of the attempt ``claim`` began, completed now."""
-    return {
-        "job_id": claim.job_id,
-        "stage": claim.stage,
-        "attempt": claim.attempt,
-        "status": StageStatus.OK,
-        "node": claim.node,
-        "worker": worker,
-        "started_at": claim.started_at or now,
-        "finished_at": now,
-        "error": None,
-    }
-
-
-def _trajectory_row(result: RunResult) -> dict[str, Any]:
-    """RUN's trajectory row, without its job id."""
-    t = result.trajectory
-    return {
-        "created_at": utcnow(),
-        "num_tokens": len(t.token_ids),
-        "token_ids": pack_ids(t.token_ids),
-        "logprobs": pack_logprobs(t.logprobs),
-        "loss_mask": pack_mask(t.loss_mask),
-        "turn_offsets": pack_ids(t.turn_offsets),
-        "info": dict(t.info),
-        "reward": None,
-        "metrics": {},
-        "timings": {},
-    }
-
-
-def _score_row(eval_result: EvalResult, result: _Result) -> dict[str, Any]:
-    """What EVAL adds to the trajectory row."""
-    return {
-        "reward": eval_result.reward,
-        "metrics": dict(eval_result.metrics),
-        "info": dict(eval_result.info),
-        "timings": result.values["stage_data"]["timings"],
-    }
+    return attempts.attempt_row(
+        job_id=claim.job_id,
+        stage=claim.stage,
+        attempt=claim.attempt,
+        status=StageStatus.OK,
+        node=claim.node,
+        worker=worker,
+        started_at=claim.started_at,
+        now=now,
+    )
 
 
 def _as_claimed(job: JobRow, stage: Stage) -> Claim:
@@ -589,10 +489,6 @@ def _as_claimed(job: JobRow, stage: Stage) -> Claim:
     )
 
 
-def _save_trajectory(session: Connection, job_id: int, result: RunResult) -> None:
-    session.execute(sql.upsert_trajectory(session.dialect.name), {"job_id": job_id, **_trajectory_row(result)})
-
-
 def retry_stage(
     session: Connection, *, job_id: int, stage: Stage, worker: str, now: datetime, error: str, resend_until: datetime
 ) -> str | None:
@@ -603,7 +499,7 @@ def retry_stage(
     job, _ = _owned(session, job_id, stage, worker)
     if job is None:
         return None
-    _record_unfinished(session, job, StageStatus.RETRY, now, error)
+    attempts.record_unfinished(session, job, StageStatus.RETRY, now, error)
     task_id = uuid.uuid4().hex
     _set_job(session, job_id, lease_until=resend_until, worker=None, task_id=task_id, stage_started_at=None)
     return task_id
@@ -616,7 +512,7 @@ def fail_stage(
     job, _ = _owned(session, job_id, stage, worker)
     if job is None:
         return False
-    _record_unfinished(session, job, StageStatus.ERROR, now, error)
+    attempts.record_unfinished(session, job, StageStatus.ERROR, now, error)
     _finish(session, job, JobState.FAILED, now=now, outcome=outcome, reason=error)
     return True
 
@@ -670,7 +566,7 @@ def cancel_batch(session: Connection, *, batch_id: int, now: datetime) -> list[s
     for offset, job in enumerate(jobs):
         check_transition(job.id, job.state, JobState.CANCELLED)
         # A running attempt ends here: its worker's result will be discarded.
-        _record_unfinished(session, job, StageStatus.CANCELLED, now, None)
+        attempts.record_unfinished(session, job, StageStatus.CANCELLED, now, None)
         rows.append(
             {
                 "_job_id": job.id,
@@ -709,7 +605,7 @@ def expired_leases(
     out = []
     found_at = utcnow()
     for job in jobs:
-        _record_unfinished(session, job, StageStatus.LOST, found_at, LOST_ERROR)
+        attempts.record_unfinished(session, job, StageStatus.LOST, found_at, LOST_ERROR)
         task_id = uuid.uuid4().hex
         _set_job(session, job.id, lease_until=resend_until, worker=None, task_id=task_id, stage_started_at=None)
         out.append((job.id, STATE_STAGE[job.state], job.node, task_id))

@@ -39,6 +39,8 @@ JOBS, RUNS, BATCHES, GROUPS, TRAJECTORIES = (
 
 STAGE_STATE = {Stage.INIT: JobState.INIT, Stage.RUN: JobState.RUN, Stage.EVAL: JobState.EVAL}
 PREVIOUS_STATE = {Stage.INIT: JobState.QUEUED, Stage.RUN: JobState.INIT, Stage.EVAL: JobState.RUN}
+#: the stage a job in each of these states is running (or waiting for).
+STATE_STAGE = {state: stage for stage, state in STAGE_STATE.items()}
 
 #: what the lifecycle reads of a job row.
 JOB_COLUMNS = [

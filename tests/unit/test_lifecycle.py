@@ -9,7 +9,7 @@ from sqlalchemy import func, select, update
 
 from farm.config import Settings
 from farm.constants import BatchState, JobState, Outcome, Stage, StageStatus
-from farm.db import lifecycle, queries
+from farm.db import attempts, lifecycle, queries
 from farm.db.base import utcnow
 from farm.db.models import Job, StageRun, Trajectory, check_transition
 from farm.db.sampling import SamplingCache
@@ -189,7 +189,7 @@ def test_rerun_of_run_overwrites_its_trajectory(sessions):
             lease_s=LEASE_S,
             max_attempts=3,
         )
-        lifecycle._save_trajectory(
+        attempts.save_trajectory(
             s.connection(), job_id, RunResult(trajectory=TrajectoryData(token_ids=[1], logprobs=[0.0], loss_mask=[0]))
         )
     complete(sessions, rerun, worker="w1")
