@@ -42,15 +42,15 @@ def seed_batch(url: str, count: int, lo: int, hi: int) -> tuple[int, int]:
     now = utcnow()
     total = 0
     with transaction(sessions) as session:
-        batch, jobs = queries.create_batch(session, request, idempotency_key=None, digest="bench", now=now)
-        for seq, job in enumerate(jobs, start=1):
+        batch, job_ids = queries.create_batch(session, request, idempotency_key=None, digest="bench", now=now)
+        for seq, job_id in enumerate(job_ids, start=1):
             n = int(rng.integers(lo, hi + 1))
             total += n
             prompt = n // 4
             mask = np.r_[np.zeros(prompt, np.uint8), np.ones(n - prompt, np.uint8)]
             session.execute(
                 insert(Trajectory).values(
-                    job_id=job.id,
+                    job_id=job_id,
                     num_tokens=n,
                     token_ids=pack_ids(rng.integers(0, 32000, n)),
                     logprobs=pack_logprobs(-rng.random(n, dtype=np.float32) * mask),
@@ -65,7 +65,7 @@ def seed_batch(url: str, count: int, lo: int, hi: int) -> tuple[int, int]:
             )
             session.execute(
                 update(Job)
-                .where(Job.id == job.id)
+                .where(Job.id == job_id)
                 .values(
                     state=JobState.DONE,
                     outcome=Outcome.OK,

@@ -10,6 +10,7 @@
     ├─ InvalidSpec                      a task spec or request a handler refuses (names the field)
     ├─ Conflict                         e.g. an idempotency key reused with another body
     ├─ InvalidTransition                illegal job state change
+    ├─ ClaimLost                        the database lost a stage's claim (crashed before writing it)
     ├─ SandboxError                     the sandbox (not the agent) failed
     │   ├─ SandboxTimeout
     │   └─ SandboxUnavailable
@@ -94,6 +95,11 @@ class Conflict(FarmError):
 
 class InvalidTransition(FarmError):
     """A job was asked to move between two states that are not connected."""
+
+
+class ClaimLost(FarmError):
+    """The database no longer has this worker's claim of a stage: it restarted before the claim
+    (committed without waiting for the disk) was written. Deliver the stage message again."""
 
 
 class SandboxError(FarmError):

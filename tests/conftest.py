@@ -105,6 +105,18 @@ def pg_url(postgres_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def own_pg_url(postgres_url: str) -> Iterator[str]:
+    """A migrated PostgreSQL database of the test's own. For a farm whose stages must be re-sent
+    by its own sweepers: a sweeper re-sends through its own broker, so another farm on another
+    Redis database that shares the database can take the re-send and lose it, again and again
+    (the sweeper that re-sent last is the first to see the next window lapse)."""
+    from farm.testing import temporary_database
+
+    with temporary_database(postgres_url, prefix="farm_own") as url:
+        yield url
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     from farm.db import migrate
     from farm.db.session import make_engine

@@ -112,8 +112,9 @@ class Job(Base):
     worker: Mapped[str | None] = mapped_column(String(200))
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     task_id: Mapped[str | None] = mapped_column(String(64))
-    #: the stage_runs row of the attempt in progress (or the last one).
-    current_run_id: Mapped[int | None] = mapped_column(BigId)
+    #: when the attempt in progress began; its stage_runs row is written only when it ends
+    #: (one INSERT instead of an INSERT at the claim and an UPDATE at the end).
+    stage_started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     #: {"state": what the handler passes between stages, "timings": seconds per stage}.
     stage_data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     reward: Mapped[float | None] = mapped_column(Float)
@@ -128,7 +129,8 @@ class Job(Base):
 
 
 class StageRun(Base):
-    """One attempt at one stage of a job: who ran it, when, and how it ended."""
+    """One finished attempt at one stage of a job: who ran it, when, and how it ended. The
+    attempt in progress has no row yet; the job view shows it from the job row."""
 
     __tablename__ = "stage_runs"
 

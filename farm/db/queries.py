@@ -9,12 +9,13 @@ from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, selectinload
 
-from farm.constants import BatchState, JobState
+from farm.constants import BatchState, JobState, Stage, StageStatus
 from farm.db.arrays import encode_ids, encode_logprobs, encode_mask, unpack_ids
-from farm.db.models import Batch, Group, Job, Trajectory
+from farm.db.models import Batch, Job, Trajectory
+from farm.db.statements import GROUPS, JOBS
 from farm.errors import BatchNotFound, Conflict, JobNotFound, TrajectoryNotFound
 from farm.schemas import (
     ArrayEncoding,
@@ -29,6 +30,8 @@ from farm.schemas import (
 
 #: job seeds stay below 2**31 so every backend (and numpy) accepts them.
 SEED_MODULUS = 2**31 - 1
+#: the stage a job in each of these states may be running.
+_RUNNING_STAGE = {JobState.INIT: Stage.INIT, JobState.RUN: Stage.RUN, JobState.EVAL: Stage.EVAL}
 
 
 def request_hash(request: BatchCreate) -> str:
@@ -52,8 +55,10 @@ def _job_seed(base: int | None, ordinal: int) -> int:
 
 def create_batch(
     session: Session, request: BatchCreate, *, idempotency_key: str | None, digest: str, now: datetime
-) -> tuple[Batch, list[Job]]:
-    """Insert the batch, one group per task and ``group_size`` jobs per group."""
+) -> tuple[Batch, list[int]]:
+    """Insert the batch, one group per task and ``group_size`` jobs per group; returns the batch
+    and its job ids in order. Groups and jobs go in as multi-row Core INSERTs: ORM objects for
+    every job cost more than writing the rows."""
     n = request.group_size
     batch = Batch(
         idempotency_key=idempotency_key,
@@ -69,33 +74,31 @@ def create_batch(
     session.add(batch)
     session.flush()
     groups = [
-        Group(batch_id=batch.id, index=i, type=task.type, config=task.config, name=task.name)
+        {"batch_id": batch.id, "index": i, "type": task.type, "config": task.config, "name": task.name}
         for i, task in enumerate(request.tasks)
     ]
-    session.add_all(groups)
-    session.flush()
+    group_ids = session.scalars(insert(GROUPS).returning(GROUPS.c.id, sort_by_parameter_order=True), groups).all()
     jobs = [
-        Job(
-            batch_id=batch.id,
-            group_id=group.id,
-            group_index=group.index,
-            sample_index=k,
-            type=group.type,
-            seed=_job_seed(request.sampling.seed, group.index * n + k),
-            state=JobState.QUEUED,
-            stage_done=True,
-            attempts=0,
-            stage_attempts=0,
-            stage_data={},
-            created_at=now,
-            task_id=secrets.token_hex(16),
-        )
-        for group in groups
+        {
+            "batch_id": batch.id,
+            "group_id": group_id,
+            "group_index": index,
+            "sample_index": k,
+            "type": task.type,
+            "seed": _job_seed(request.sampling.seed, index * n + k),
+            "state": JobState.QUEUED,
+            "stage_done": True,
+            "attempts": 0,
+            "stage_attempts": 0,
+            "stage_data": {},
+            "created_at": now,
+            "task_id": secrets.token_hex(16),
+        }
+        for index, (group_id, task) in enumerate(zip(group_ids, request.tasks, strict=True))
         for k in range(n)
     ]
-    session.add_all(jobs)
-    session.flush()
-    return batch, jobs
+    job_ids = session.scalars(insert(JOBS).returning(JOBS.c.id, sort_by_parameter_order=True), jobs).all()
+    return batch, list(job_ids)
 
 
 def job_ids_of(session: Session, batch_id: int) -> list[tuple[int, str | None]]:
@@ -142,24 +145,40 @@ def batch_status(session: Session, batch_id: int) -> BatchStatus:
     )
 
 
-def job_out(job: Job, *, with_stages: bool) -> JobOut:
-    stages = (
-        [
+def stage_history(job: Job) -> list[StageRunOut]:
+    """Every attempt at the job's stages in order: the finished ones from their rows, then the
+    one in progress, which has no row until it ends."""
+    history = [
+        StageRunOut(
+            stage=r.stage,
+            attempt=r.attempt,
+            status=r.status,
+            node=r.node,
+            worker=r.worker,
+            started_at=r.started_at,
+            finished_at=r.finished_at,
+            error=r.error,
+        )
+        for r in job.stages
+    ]
+    if job.stage_started_at is not None and job.state in _RUNNING_STAGE:
+        history.append(
             StageRunOut(
-                stage=r.stage,
-                attempt=r.attempt,
-                status=r.status,
-                node=r.node,
-                worker=r.worker,
-                started_at=r.started_at,
-                finished_at=r.finished_at,
-                error=r.error,
+                stage=_RUNNING_STAGE[job.state],
+                attempt=job.stage_attempts,
+                status=StageStatus.RUNNING,
+                node=job.node,
+                worker=job.worker,
+                started_at=job.stage_started_at,
+                finished_at=None,
+                error=None,
             )
-            for r in job.stages
-        ]
-        if with_stages
-        else []
-    )
+        )
+    return history
+
+
+def job_out(job: Job, *, with_stages: bool) -> JobOut:
+    stages = stage_history(job) if with_stages else []
     return JobOut(
         id=job.id,
         batch_id=job.batch_id,

@@ -11,7 +11,8 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from farm.config import Settings
-from farm.db.session import make_engine, make_session_factory
+from farm.db.sampling import SamplingCache
+from farm.db.session import make_autocommit_engine, make_engine, make_session_factory
 from farm.worker.aio import LoopThread
 from farm.worker.lease import LeaseRenewer
 
@@ -27,8 +28,12 @@ class FarmRuntime:
         self.settings = settings
         self._lock = threading.Lock()
         self._engine: Engine | None = None
+        self._autocommit: Engine | None = None
+        self._autocommit_made = False
         self._sessions: sessionmaker[Session] | None = None
         self._redis: Redis | None = None
+        #: sampling parameters of the batches this process has claimed jobs of.
+        self.samplings = SamplingCache()
         self.leases = LeaseRenewer(settings, engine=lambda: self.engine, redis_client=lambda: self.redis)
         # Each running episode blocks at most one pool thread at a time (a tool call, a balancer call).
         self.aio = LoopThread(max_threads=max(32, 2 * settings.worker.run_concurrency))
@@ -42,6 +47,16 @@ class FarmRuntime:
                 self._engine = make_engine(self.settings)
                 self._sessions = make_session_factory(self._engine)
             return self._engine
+
+    @property
+    def autocommit(self) -> Engine | None:
+        """The engine for one-statement claims and completions (None on SQLite; see
+        ``make_autocommit_engine``)."""
+        with self._lock:
+            if not self._autocommit_made:
+                self._autocommit = make_autocommit_engine(self.settings)
+                self._autocommit_made = True
+            return self._autocommit
 
     @property
     def sessions(self) -> sessionmaker[Session]:
@@ -82,6 +97,9 @@ class FarmRuntime:
             if self._engine is not None:
                 self._engine.dispose()
                 self._engine = self._sessions = None
+            if self._autocommit is not None:
+                self._autocommit.dispose()
+            self._autocommit, self._autocommit_made = None, False
             if self._redis is not None:
                 self._redis.close()
                 self._redis = None

@@ -79,18 +79,7 @@ def _context(rt: FarmRuntime, claim: lifecycle.Claim, deadline: float, lease: Le
 
 def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, worker: str) -> StageReport:
     """Run one delivery of a stage message to its end; never raises for job-level failures."""
-    settings = rt.settings.worker
-    with rt.engine.begin() as session:
-        claim = lifecycle.claim_stage(
-            session,
-            job_id=job_id,
-            stage=stage,
-            node=settings.node,
-            worker=worker,
-            now=utcnow(),
-            lease_s=settings.lease_s,
-            max_attempts=settings.max_attempts,
-        )
+    claim = _claim(rt, stage, job_id, worker)
     if claim.skip is not None:
         return _skipped(rt, claim)
 
@@ -116,8 +105,7 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
             _teardown(rt, handler, config, claim, ctx)
             return _fail(rt, claim, worker, Outcome.HANDLER_ERROR, f"{type(exc).__name__}: {exc}\n{detail}")
 
-    with rt.engine.begin() as session:
-        done = lifecycle.complete_stage(session, job_id=job_id, stage=stage, worker=worker, now=utcnow(), **results)
+    done = _complete(rt, claim, worker, results)
     if not done.recorded:
         if done.reason == "cancelled":
             # What this stage made (INIT's sandbox, say) was not recorded: tear it down too.
@@ -130,6 +118,53 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
         _teardown(rt, handler, config, claim, ctx)
         _publish_finished(rt, claim.batch_id)
     return StageReport(job_id, stage, "completed", done.finished.value if done.finished else None)
+
+
+def _claim(rt: FarmRuntime, stage: Stage, job_id: int, worker: str) -> lifecycle.Claim:
+    """The usual claim in one autocommitted statement where the database allows it; anything
+    else in a transaction, under the job row lock."""
+    settings = rt.settings.worker
+    now = utcnow()
+    if (autocommit := rt.autocommit) is not None:
+        with autocommit.connect() as conn:
+            claim = lifecycle.claim_next(
+                conn,
+                job_id=job_id,
+                stage=stage,
+                node=settings.node,
+                worker=worker,
+                now=now,
+                lease_s=settings.lease_s,
+                samplings=rt.samplings,
+            )
+        if claim is not None:
+            return claim
+    with rt.engine.begin() as session:
+        return lifecycle.claim_stage(
+            session,
+            job_id=job_id,
+            stage=stage,
+            node=settings.node,
+            worker=worker,
+            now=now,
+            lease_s=settings.lease_s,
+            max_attempts=settings.max_attempts,
+            samplings=rt.samplings,
+        )
+
+
+def _complete(rt: FarmRuntime, claim: lifecycle.Claim, worker: str, results: dict[str, Any]) -> lifecycle.Completion:
+    """Record the stage's result: an INIT or RUN that hands the job on in one autocommitted
+    statement where the database allows it; anything else (EVAL, a finish, an attempt this
+    worker no longer owns) in a transaction."""
+    now = utcnow()
+    if claim.stage is not Stage.EVAL and (autocommit := rt.autocommit) is not None:
+        with autocommit.connect() as conn:
+            done = lifecycle.complete_next(conn, claim, worker=worker, now=now, **results)
+        if done is not None:
+            return done
+    with rt.engine.begin() as session:
+        return lifecycle.complete_stage(session, claim, worker=worker, now=now, **results)
 
 
 def _call_stage(

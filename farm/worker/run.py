@@ -18,6 +18,9 @@ from farm.worker.sweeper import Sweeper
 
 log = logging.getLogger(__name__)
 
+#: where Celery logs each task it receives and each one that succeeds.
+CELERY_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
+
 
 def queues_for(stages: Sequence[Stage], node: str) -> list[str]:
     return [queue_name(stage, node) for stage in stages]
@@ -37,6 +40,13 @@ def _warm_tokenizer(app: Any) -> None:
         _ = app.farm.llm.tokenizer
     except Exception as exc:  # noqa: BLE001 - a farm without a model has nothing to warm
         log.info("no tokenizer preloaded: %s", exc)
+
+
+def quiet_task_logs(settings: Settings) -> None:
+    """Drop Celery's per-task INFO lines unless ``worker.log_each_task`` asks for them."""
+    if not settings.worker.log_each_task:
+        for logger in CELERY_TASK_LOGGERS:
+            logging.getLogger(logger).setLevel(logging.WARNING)
 
 
 def run_worker(
@@ -69,6 +79,7 @@ def run_worker(
         sweeper.stop()
         app.farm.close()
 
+    quiet_task_logs(settings)
     signals.worker_ready.connect(_start, weak=False)
     signals.worker_shutdown.connect(_stop, weak=False)
     label = name or "-".join(s.value for s in stages)

@@ -11,12 +11,14 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
 
 from farm.constants import TASK_FOR_STAGE, Stage
+from farm.errors import ClaimLost
 from farm.worker.app import FarmCelery
 from farm.worker.pipeline import StageReport, execute_stage
 
 log = logging.getLogger(__name__)
 
-#: backoff while the database or Redis is unreachable: the message waits, it is never dropped.
+#: backoff while the database or Redis is unreachable (or the database lost the stage's claim):
+#: the message waits, it is never dropped.
 INFRA_RETRY_MAX_S = 30.0
 
 
@@ -33,11 +35,9 @@ def register_stages(app: FarmCelery) -> dict[Stage, Any]:
         def body(self: Task, job_id: int, _stage: Stage = stage) -> dict[str, Any]:
             try:
                 report: StageReport = execute_stage(app.farm, app, _stage, int(job_id), worker=worker_id(self))
-            except (DBAPIError, RedisError) as exc:
+            except (DBAPIError, RedisError, ClaimLost) as exc:
                 delay = min(2.0**self.request.retries, INFRA_RETRY_MAX_S)
-                log.warning(
-                    "job %s %s: infrastructure unreachable (%s); retry in %.0fs", job_id, _stage.value, exc, delay
-                )
+                log.warning("job %s %s: infrastructure failed (%s); retry in %.0fs", job_id, _stage.value, exc, delay)
                 raise self.retry(exc=exc, countdown=delay, max_retries=None) from exc
             return {"action": report.action, "detail": report.detail}
 

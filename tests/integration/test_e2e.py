@@ -119,8 +119,8 @@ def test_cancel_stops_running_and_queued_jobs(client: FarmClient):
     assert client.cancel(batch.id).state is BatchState.CANCELLED
 
 
-def test_worker_killed_mid_stage_is_redelivered_and_job_ends_once(make_stack, pg_url: str):
-    stack: EmbeddedStack = make_stack()
+def test_worker_killed_mid_stage_is_redelivered_and_job_ends_once(own_pg_url: str, make_stack):
+    stack: EmbeddedStack = make_stack(database=own_pg_url)
     with FarmClient(stack.settings.api_url, token="e2e-token") as client:
         batch = client.submit([echo("survivor", sleep_s={"run": 3})])
         job_id = batch.job_ids[0]
@@ -141,7 +141,7 @@ def test_worker_killed_mid_stage_is_redelivered_and_job_ends_once(make_stack, pg
         runs = [(s.attempt, s.status) for s in client.job(job_id).stages if s.stage is Stage.RUN]
         assert runs == [(1, StageStatus.LOST), (2, StageStatus.OK)]
         assert client.status(batch.id).finished_jobs == 1
-    engine = create_engine(pg_url)
+    engine = create_engine(own_pg_url)
     with engine.connect() as conn:
         assert conn.scalar(select(func.count()).select_from(Trajectory).where(Trajectory.job_id == job_id)) == 1
     engine.dispose()

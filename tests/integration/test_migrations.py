@@ -54,3 +54,69 @@ def test_postgres_upgrade_downgrade_upgrade(empty_pg: str):
 
 def test_sqlite_upgrade_downgrade_upgrade(tmp_path):
     roundtrip(f"sqlite:///{tmp_path / 'm.db'}")
+
+
+def _seed_0001(conn: sa.Connection) -> None:
+    """A batch at revision 0001 with one job running INIT (a RUNNING row pointed at by the job),
+    one cancelled under a running attempt, and one done."""
+    t = "2026-11-22 00:00:00+00:00"
+    conn.execute(
+        sa.text(
+            "INSERT INTO batches (id, state, group_size, sampling, metadata, total_jobs, finished_jobs, created_at)"
+            f" VALUES (1, 'running', 3, '{{}}', '{{}}', 3, 2, '{t}')"
+        )
+    )
+    conn.execute(sa.text("INSERT INTO groups (id, batch_id, \"index\", type, config) VALUES (1, 1, 0, 'echo', '{}')"))
+    for job_id, state, done in ((1, "init", False), (2, "cancelled", False), (3, "done", True)):
+        conn.execute(
+            sa.text(
+                "INSERT INTO jobs (id, batch_id, group_id, group_index, sample_index, type, state, stage_done,"
+                " attempts, stage_attempts, node, worker, current_run_id, stage_data, created_at, finished_at)"
+                f" VALUES ({job_id}, 1, 1, 0, {job_id - 1}, 'echo', '{state}', :done, 1, 1, 'n', 'w', {job_id},"
+                f" '{{}}', '{t}', :finished)"
+            ),
+            {"done": done, "finished": None if state == "init" else t},
+        )
+        status = "ok" if done else "running"
+        conn.execute(
+            sa.text(
+                "INSERT INTO stage_runs (id, job_id, stage, attempt, status, node, worker, started_at)"
+                f" VALUES ({job_id}, {job_id}, 'init', 1, '{status}', 'n', 'w', '{t}')"
+            )
+        )
+
+
+def _runs(conn: sa.Connection) -> list[tuple]:
+    return [tuple(r) for r in conn.execute(sa.text("SELECT job_id, status FROM stage_runs ORDER BY job_id, id"))]
+
+
+def data_roundtrip(url: str) -> None:
+    engine = make_engine(Settings(), url=url)
+    try:
+        migrate.upgrade(engine, "0001")
+        with engine.begin() as conn:
+            _seed_0001(conn)
+        # Upgrading moves the attempt in progress onto its job; a row left running under a job
+        # that ended is closed with it.
+        migrate.upgrade(engine)
+        with engine.connect() as conn:
+            started = conn.execute(sa.text("SELECT id, stage_started_at FROM jobs ORDER BY id")).all()
+            assert [(job_id, at is not None) for job_id, at in started] == [(1, True), (2, False), (3, False)]
+            assert _runs(conn) == [(2, "cancelled"), (3, "ok")]
+        # Downgrading gives it its RUNNING row back.
+        migrate.downgrade(engine, "0001")
+        with engine.connect() as conn:
+            assert _runs(conn) == [(1, "running"), (2, "cancelled"), (3, "ok")]
+            current = conn.execute(sa.text("SELECT current_run_id FROM jobs WHERE id = 1")).scalar()
+            assert current == conn.execute(sa.text("SELECT id FROM stage_runs WHERE job_id = 1")).scalar()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.integration
+def test_postgres_in_flight_attempts_survive_the_0002_migration(empty_pg: str):
+    data_roundtrip(empty_pg)
+
+
+def test_sqlite_in_flight_attempts_survive_the_0002_migration(tmp_path):
+    data_roundtrip(f"sqlite:///{tmp_path / 'm.db'}")

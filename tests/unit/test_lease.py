@@ -27,8 +27,7 @@ def _setup(sqlite_url: str):
     sessions = make_session_factory(engine)
     request = BatchCreate(tasks=[{"type": "echo", "config": {"text": "x"}}], group_size=2)
     with transaction(sessions) as s:
-        _, jobs = queries.create_batch(s, request, idempotency_key=None, digest="d", now=utcnow())
-        ids = [j.id for j in jobs]
+        _, ids = queries.create_batch(s, request, idempotency_key=None, digest="d", now=utcnow())
     for job_id in ids:
         with engine.begin() as conn:
             lifecycle.claim_stage(

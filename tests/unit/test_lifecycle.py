@@ -5,15 +5,17 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
+from farm.config import Settings
 from farm.constants import BatchState, JobState, Outcome, Stage, StageStatus
-from farm.db import lifecycle, queries
+from farm.db import attempts, lifecycle, queries
 from farm.db.base import utcnow
 from farm.db.models import Job, StageRun, Trajectory, check_transition
-from farm.db.session import transaction
-from farm.errors import InvalidTransition
-from farm.schemas import BatchCreate, EvalResult, RunResult, TrajectoryData
+from farm.db.sampling import SamplingCache
+from farm.db.session import make_autocommit_engine, transaction
+from farm.errors import ClaimLost, InvalidTransition
+from farm.schemas import BatchCreate, EvalResult, RunResult, SamplingParams, TrajectoryData
 
 LEASE_S = 30.0
 
@@ -23,10 +25,10 @@ def make_batch(sessions, n_tasks: int = 1, group_size: int = 2) -> tuple[int, li
         tasks=[{"type": "echo", "config": {"text": f"t{i}"}} for i in range(n_tasks)], group_size=group_size
     )
     with transaction(sessions) as s:
-        batch, jobs = queries.create_batch(
+        batch, job_ids = queries.create_batch(
             s, request, idempotency_key=None, digest=queries.request_hash(request), now=utcnow()
         )
-        return batch.id, [j.id for j in jobs]
+        return batch.id, job_ids
 
 
 def claim(sessions, job_id: int, stage: Stage, worker: str = "w1", now=None, max_attempts: int = 3):
@@ -43,11 +45,12 @@ def claim(sessions, job_id: int, stage: Stage, worker: str = "w1", now=None, max
         )
 
 
-def complete(sessions, job_id: int, stage: Stage, worker: str = "w1"):
+def complete(sessions, c: lifecycle.Claim, worker: str = "w1"):
+    """Record a canned result for the attempt ``c`` claimed, as ``worker``."""
     kwargs = {}
-    if stage is Stage.INIT:
+    if c.stage is Stage.INIT:
         kwargs["init_state"] = {"x": 1}
-    elif stage is Stage.RUN:
+    elif c.stage is Stage.RUN:
         kwargs["run_result"] = RunResult(
             trajectory=TrajectoryData(token_ids=[5, 6, 7], logprobs=[0.0, -0.5, -0.25], loss_mask=[0, 1, 1]),
             state={"y": 2},
@@ -55,9 +58,7 @@ def complete(sessions, job_id: int, stage: Stage, worker: str = "w1"):
     else:
         kwargs["eval_result"] = EvalResult(reward=0.75, metrics={"m": 1.0})
     with transaction(sessions) as s:
-        return lifecycle.complete_stage(
-            s.connection(), job_id=job_id, stage=stage, worker=worker, now=utcnow(), **kwargs
-        )
+        return lifecycle.complete_stage(s.connection(), c, worker=worker, now=utcnow(), **kwargs)
 
 
 def job(sessions, job_id: int) -> Job:
@@ -70,7 +71,7 @@ def test_job_runs_through_all_stages_and_records_history(sessions):
     for stage in Stage:
         c = claim(sessions, job_id, stage)
         assert c.skip is None and c.attempt == 1
-        done = complete(sessions, job_id, stage)
+        done = complete(sessions, c)
         assert done.recorded
     j = job(sessions, job_id)
     assert j.state is JobState.DONE and j.outcome is Outcome.OK and j.reward == 0.75
@@ -84,11 +85,10 @@ def test_job_runs_through_all_stages_and_records_history(sessions):
 
 def test_claim_passes_state_between_stages(sessions):
     _, (job_id, _) = make_batch(sessions)
-    claim(sessions, job_id, Stage.INIT)
-    complete(sessions, job_id, Stage.INIT)
+    complete(sessions, claim(sessions, job_id, Stage.INIT))
     c = claim(sessions, job_id, Stage.RUN)
     assert c.state == {"x": 1}
-    complete(sessions, job_id, Stage.RUN)
+    complete(sessions, c)
     c = claim(sessions, job_id, Stage.EVAL)
     assert c.state == {"x": 1, "y": 2}
     assert c.trajectory is not None and c.trajectory.token_ids == [5, 6, 7]
@@ -104,8 +104,7 @@ def test_duplicate_delivery_is_skipped_while_lease_is_live(sessions):
 
 def test_completed_stage_is_not_run_again(sessions):
     _, (job_id, _) = make_batch(sessions)
-    claim(sessions, job_id, Stage.INIT)
-    complete(sessions, job_id, Stage.INIT)
+    complete(sessions, claim(sessions, job_id, Stage.INIT))
     again = claim(sessions, job_id, Stage.INIT, worker="w2")
     assert again.skip is not None
 
@@ -118,15 +117,15 @@ def test_stage_out_of_order_is_skipped(sessions):
 
 def test_lapsed_lease_lets_another_worker_take_over_and_old_result_is_discarded(sessions):
     _, (job_id, _) = make_batch(sessions)
-    claim(sessions, job_id, Stage.INIT, worker="dead")
+    dead = claim(sessions, job_id, Stage.INIT, worker="dead")
     later = utcnow() + timedelta(seconds=LEASE_S + 1)
     with transaction(sessions) as s:
         resend = lifecycle.expired_leases(s.connection(), now=later, resend_until=later + timedelta(seconds=LEASE_S))
     assert (job_id, Stage.INIT) in [(j, st) for j, st, _, _ in resend]
     taken = claim(sessions, job_id, Stage.INIT, worker="alive", now=later)
     assert taken.skip is None and taken.attempt == 2
-    assert not complete(sessions, job_id, Stage.INIT, worker="dead").recorded
-    assert complete(sessions, job_id, Stage.INIT, worker="alive").recorded
+    assert not complete(sessions, dead, worker="dead").recorded
+    assert complete(sessions, taken, worker="alive").recorded
     with sessions() as s:
         statuses = s.scalars(select(StageRun.status).where(StageRun.job_id == job_id).order_by(StageRun.id)).all()
     assert statuses == [StageStatus.LOST, StageStatus.OK]
@@ -149,8 +148,7 @@ def test_finish_seq_follows_finish_order_and_completes_batch(sessions):
     batch_id, job_ids = make_batch(sessions, n_tasks=2, group_size=2)
     for job_id in reversed(job_ids):
         for stage in Stage:
-            claim(sessions, job_id, stage)
-            complete(sessions, job_id, stage)
+            complete(sessions, claim(sessions, job_id, stage))
     with sessions() as s:
         seqs = {j.id: j.finish_seq for j in s.scalars(select(Job).where(Job.batch_id == batch_id))}
         status = queries.batch_status(s, batch_id)
@@ -161,9 +159,8 @@ def test_finish_seq_follows_finish_order_and_completes_batch(sessions):
 def test_cancel_batch_cancels_unfinished_jobs_and_revokes_only_queued(sessions):
     batch_id, (a, b, c, d) = make_batch(sessions, n_tasks=2, group_size=2)
     for stage in Stage:  # a finishes
-        claim(sessions, a, stage)
-        complete(sessions, a, stage)
-    claim(sessions, b, Stage.INIT)  # b is running INIT
+        complete(sessions, claim(sessions, a, stage))
+    running = claim(sessions, b, Stage.INIT)  # b is running INIT
     with transaction(sessions) as s:
         revoked = lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow())
     assert len(revoked) == 2  # c and d were still queued
@@ -171,7 +168,7 @@ def test_cancel_batch_cancels_unfinished_jobs_and_revokes_only_queued(sessions):
     for j in (b, c, d):
         assert job(sessions, j).state is JobState.CANCELLED
     # b's running stage finds the cancel when it tries to record its result
-    assert complete(sessions, b, Stage.INIT).reason == "cancelled"
+    assert complete(sessions, running).reason == "cancelled"
     with sessions() as s:
         status = queries.batch_status(s, batch_id)
         seqs = sorted(s.scalars(select(Job.finish_seq).where(Job.batch_id == batch_id)))
@@ -180,10 +177,9 @@ def test_cancel_batch_cancels_unfinished_jobs_and_revokes_only_queued(sessions):
 
 def test_rerun_of_run_overwrites_its_trajectory(sessions):
     _, (job_id, _) = make_batch(sessions)
-    claim(sessions, job_id, Stage.INIT)
-    complete(sessions, job_id, Stage.INIT)
+    complete(sessions, claim(sessions, job_id, Stage.INIT))
     with transaction(sessions) as s:
-        lifecycle.claim_stage(
+        rerun = lifecycle.claim_stage(
             s.connection(),
             job_id=job_id,
             stage=Stage.RUN,
@@ -193,10 +189,10 @@ def test_rerun_of_run_overwrites_its_trajectory(sessions):
             lease_s=LEASE_S,
             max_attempts=3,
         )
-        lifecycle._save_trajectory(
+        attempts.save_trajectory(
             s.connection(), job_id, RunResult(trajectory=TrajectoryData(token_ids=[1], logprobs=[0.0], loss_mask=[0]))
         )
-    complete(sessions, job_id, Stage.RUN, worker="w1")
+    complete(sessions, rerun, worker="w1")
     with sessions() as s:
         assert s.scalar(select(func.count()).select_from(Trajectory).where(Trajectory.job_id == job_id)) == 1
         assert s.get_one(Trajectory, job_id).num_tokens == 3
@@ -233,8 +229,7 @@ def test_check_transition_allows_the_state_machine_and_every_cancel():
 def test_renew_leases_keeps_owned_jobs_and_reports_the_rest(sessions):
     _, (a, b) = make_batch(sessions)
     claim(sessions, a, Stage.INIT, worker="w1")
-    claim(sessions, b, Stage.INIT, worker="w1")
-    complete(sessions, b, Stage.INIT, worker="w1")  # b's stage ended: no lease to renew
+    complete(sessions, claim(sessions, b, Stage.INIT, worker="w1"), worker="w1")  # b's stage ended: no lease to renew
     until = utcnow() + timedelta(seconds=LEASE_S)
     with transaction(sessions) as s:
         kept = lifecycle.renew_leases(s.connection(), job_ids=[a, b], worker="w1", until=until)
@@ -260,3 +255,162 @@ def test_a_resent_stage_that_never_arrives_is_resent_again(sessions):
     assert a[3] != b[3]
     # Any worker may claim the re-sent stage during the window: the lease belongs to no one.
     assert claim(sessions, job_id, Stage.INIT, worker="alive", now=t2).skip is None
+
+
+def history(sessions, job_id: int) -> list[tuple]:
+    with sessions() as s:
+        return [(h.stage, h.attempt, h.status, h.worker) for h in queries.get_job(s, job_id).stages]
+
+
+def test_running_attempt_shows_in_history_and_gets_its_row_when_it_ends(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    c = claim(sessions, job_id, Stage.INIT, worker="w1")
+    with sessions() as s:
+        assert s.scalar(select(func.count()).select_from(StageRun).where(StageRun.job_id == job_id)) == 0
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.RUNNING, "w1")]
+    complete(sessions, c)
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.OK, "w1")]
+
+
+def test_handler_changing_its_state_does_not_change_what_is_stored(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    complete(sessions, claim(sessions, job_id, Stage.INIT))
+    c = claim(sessions, job_id, Stage.RUN)
+    c.state["x"] = "changed by the handler"
+    complete(sessions, c)
+    assert claim(sessions, job_id, Stage.EVAL).state == {"x": 1, "y": 2}
+
+
+def test_completion_of_an_older_attempt_by_the_same_worker_writes_the_job_row_as_it_is(sessions):
+    # Given a worker whose lease lapsed and who then took its own stage over (attempt 2)...
+    _, (job_id, _) = make_batch(sessions)
+    first = claim(sessions, job_id, Stage.INIT, worker="w1")
+    later = utcnow() + timedelta(seconds=LEASE_S + 1)
+    second = claim(sessions, job_id, Stage.INIT, worker="w1", now=later)
+    assert second.attempt == 2
+    # ...when attempt 1 finishes first, it is recorded for the attempt the job row holds.
+    assert complete(sessions, first).recorded
+    assert not complete(sessions, second).recorded
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.LOST, "w1"), (Stage.INIT, 2, StageStatus.OK, "w1")]
+
+
+def test_sweeper_records_the_attempt_it_takes_back_as_lost(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    claim(sessions, job_id, Stage.INIT, worker="dead")
+    later = utcnow() + timedelta(seconds=LEASE_S + 1)
+    with transaction(sessions) as s:
+        lifecycle.expired_leases(s.connection(), now=later, resend_until=later + timedelta(seconds=LEASE_S))
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.LOST, "dead")]
+    taken = claim(sessions, job_id, Stage.INIT, worker="alive", now=later)
+    complete(sessions, taken, worker="alive")
+    assert history(sessions, job_id) == [
+        (Stage.INIT, 1, StageStatus.LOST, "dead"),
+        (Stage.INIT, 2, StageStatus.OK, "alive"),
+    ]
+
+
+def test_cancel_records_the_running_attempt_as_cancelled(sessions):
+    batch_id, (job_id, _) = make_batch(sessions)
+    running = claim(sessions, job_id, Stage.INIT, worker="w1")
+    with transaction(sessions) as s:
+        lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow())
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.CANCELLED, "w1")]
+    assert complete(sessions, running).reason == "cancelled"
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.CANCELLED, "w1")]
+
+
+def test_retry_and_failure_record_one_row_per_attempt(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    claim(sessions, job_id, Stage.INIT, worker="w1")
+    now = utcnow()
+    with transaction(sessions) as s:
+        task_id = lifecycle.retry_stage(
+            s.connection(), job_id=job_id, stage=Stage.INIT, worker="w1", now=now, error="boom", resend_until=now
+        )
+    assert task_id is not None
+    assert claim(sessions, job_id, Stage.INIT, worker="w1").attempt == 2
+    with transaction(sessions) as s:
+        assert lifecycle.fail_stage(
+            s.connection(),
+            job_id=job_id,
+            stage=Stage.INIT,
+            worker="w1",
+            now=utcnow(),
+            outcome=Outcome.SANDBOX_ERROR,
+            error="x",
+        )
+    assert history(sessions, job_id) == [
+        (Stage.INIT, 1, StageStatus.RETRY, "w1"),
+        (Stage.INIT, 2, StageStatus.ERROR, "w1"),
+    ]
+    assert job(sessions, job_id).state is JobState.FAILED
+
+
+def test_claim_reads_a_batchs_sampling_once_per_cache(sessions):
+    _, (a, b) = make_batch(sessions)
+    samplings = SamplingCache()
+    first = claim_with(sessions, a, samplings)
+    assert first.config == {"text": "t0"} and samplings.get(first.batch_id) == first.sampling
+    second = claim_with(sessions, b, samplings)
+    assert second.config == first.config and second.sampling is first.sampling
+
+
+def claim_with(sessions, job_id: int, samplings: SamplingCache) -> lifecycle.Claim:
+    with transaction(sessions) as s:
+        return lifecycle.claim_stage(
+            s.connection(),
+            job_id=job_id,
+            stage=Stage.INIT,
+            node="n1",
+            worker="w",
+            now=utcnow(),
+            lease_s=LEASE_S,
+            max_attempts=3,
+            samplings=samplings,
+        )
+
+
+def test_sampling_cache_drops_its_oldest_entries_when_full():
+    samplings = SamplingCache(size=2)
+    sampling = SamplingParams()
+    for batch_id in (1, 2, 3):
+        samplings.put(batch_id, sampling)
+    assert samplings.get(1) is None and samplings.get(2) is sampling and samplings.get(3) is sampling
+
+
+def test_a_claim_the_database_lost_is_reported_so_the_stage_is_delivered_again(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    c = claim(sessions, job_id, Stage.INIT)
+    # Given a database that restarted before the claim (committed without waiting for the disk)
+    # reached it: the job is back where it was.
+    with transaction(sessions) as s:
+        s.execute(update(Job).where(Job.id == job_id).values(state=JobState.QUEUED, stage_done=True, worker=None))
+    with pytest.raises(ClaimLost):
+        complete(sessions, c)
+    with pytest.raises(ClaimLost), transaction(sessions) as s:
+        now = utcnow()
+        lifecycle.retry_stage(
+            s.connection(), job_id=job_id, stage=Stage.INIT, worker="w1", now=now, error="x", resend_until=now
+        )
+    assert claim(sessions, job_id, Stage.INIT).attempt == 1
+
+
+def test_usual_claim_and_completion_work_as_single_autocommitted_statements(db_url, sessions):
+    autocommit = make_autocommit_engine(Settings(), url=db_url)
+    if autocommit is None:
+        pytest.skip("SQLite writes only in transactions")
+    _, (job_id, _) = make_batch(sessions)
+    try:
+        with autocommit.connect() as conn:
+            c = lifecycle.claim_next(
+                conn, job_id=job_id, stage=Stage.INIT, node="n1", worker="w1", now=utcnow(), lease_s=LEASE_S
+            )
+            assert c is not None and c.attempt == 1
+            done = lifecycle.complete_next(conn, c, worker="w1", now=utcnow(), init_state={"x": 1})
+            assert done is not None and done.next_stage is Stage.RUN
+            # A second completion of the same attempt is not the usual case: it falls back.
+            assert lifecycle.complete_next(conn, c, worker="w1", now=utcnow(), init_state={"x": 1}) is None
+    finally:
+        autocommit.dispose()
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.OK, "w1")]
+    assert claim(sessions, job_id, Stage.RUN).state == {"x": 1}

@@ -1,0 +1,30 @@
+"""Worker start-up choices that need no running worker."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from farm.config import Settings
+from farm.worker.run import CELERY_TASK_LOGGERS, quiet_task_logs
+
+
+@pytest.fixture
+def celery_task_loggers():
+    levels = {name: logging.getLogger(name).level for name in CELERY_TASK_LOGGERS}
+    yield [logging.getLogger(name) for name in CELERY_TASK_LOGGERS]
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def test_quiet_task_logs_drops_celerys_per_task_lines_by_default(celery_task_loggers):
+    quiet_task_logs(Settings())
+    assert all(not logger.isEnabledFor(logging.INFO) for logger in celery_task_loggers)
+
+
+def test_quiet_task_logs_keeps_them_when_asked(celery_task_loggers):
+    for logger in celery_task_loggers:
+        logger.setLevel(logging.NOTSET)
+    quiet_task_logs(Settings(worker={"log_each_task": True}))
+    assert all(logger.level == logging.NOTSET for logger in celery_task_loggers)
