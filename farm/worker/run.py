@@ -35,6 +35,11 @@ def default_concurrency(settings: Settings, stages: Sequence[Stage]) -> int:
     return sum(per_stage[s] for s in stages)
 
 
+def prefetch_multiplier(settings: Settings, stages: Sequence[Stage]) -> int:
+    w = settings.worker
+    return w.prefetch_multiplier if Stage.INIT in stages else w.node_prefetch_multiplier
+
+
 def _warm_tokenizer(app: Any) -> None:
     try:
         _ = app.farm.llm.tokenizer
@@ -88,6 +93,7 @@ def run_worker(
         f"--queues={','.join(queues_for(stages, node))}",
         f"--concurrency={concurrency or default_concurrency(settings, stages)}",
         f"--pool={pool or settings.worker.pool}",
+        f"--prefetch-multiplier={prefetch_multiplier(settings, stages)}",
         f"--hostname={label}@{node}",
         f"--loglevel={loglevel}",
         "--without-gossip",

@@ -28,3 +28,13 @@ def test_quiet_task_logs_keeps_them_when_asked(celery_task_loggers):
         logger.setLevel(logging.NOTSET)
     quiet_task_logs(Settings(worker={"log_each_task": True}))
     assert all(logger.level == logging.NOTSET for logger in celery_task_loggers)
+
+
+def test_only_workers_of_the_shared_init_queue_keep_prefetch_at_one():
+    from farm.constants import Stage
+    from farm.worker.run import prefetch_multiplier
+
+    settings = Settings()
+    assert prefetch_multiplier(settings, [Stage.INIT]) == 1
+    assert prefetch_multiplier(settings, [Stage.INIT, Stage.RUN, Stage.EVAL]) == 1
+    assert prefetch_multiplier(settings, [Stage.RUN]) == prefetch_multiplier(settings, [Stage.EVAL]) == 2
