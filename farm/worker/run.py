@@ -41,6 +41,11 @@ def prefetch_multiplier(settings: Settings, stages: Sequence[Stage]) -> int:
 
 
 def _warm_tokenizer(app: Any) -> None:
+    from farm.worker.llm import tokenizer_dir
+
+    # Importing transformers holds the GIL for seconds: only worth it where there is a policy.
+    if not (tokenizer_dir(app.farm.settings) / "tokenizer_config.json").is_file():
+        return
     try:
         _ = app.farm.llm.tokenizer
     except Exception as exc:  # noqa: BLE001 - a farm without a model has nothing to warm

@@ -38,3 +38,19 @@ def test_only_workers_of_the_shared_init_queue_keep_prefetch_at_one():
     assert prefetch_multiplier(settings, [Stage.INIT]) == 1
     assert prefetch_multiplier(settings, [Stage.INIT, Stage.RUN, Stage.EVAL]) == 1
     assert prefetch_multiplier(settings, [Stage.RUN]) == prefetch_multiplier(settings, [Stage.EVAL]) == 2
+
+
+def test_no_tokenizer_warmup_without_a_policy(tmp_path):
+    """Importing transformers holds the GIL for seconds and stalled the consumer of LLM-less farms."""
+    from types import SimpleNamespace
+
+    from farm.worker.run import _warm_tokenizer
+
+    class NoLLM:
+        settings = Settings(data_dir=tmp_path)
+
+        @property
+        def llm(self):
+            raise AssertionError("the tokenizer must not be loaded")
+
+    _warm_tokenizer(SimpleNamespace(farm=NoLLM()))
