@@ -9,7 +9,7 @@ from typing import Any
 from farm.agent.loop import SUBMIT_SPEC
 from farm.tools.base import ToolResult
 from farm.tools.client import ToolClient
-from farm.tools.schema import TOOL_SPECS
+from farm.tools.schema import TOOL_SPECS, describe_specs
 
 #: tools whose calls take a ``timeout_s`` the loop clamps to the episode's time left.
 _TIMED = frozenset({"bash", "ipython"})
@@ -40,27 +40,6 @@ class SandboxToolbox:
         return self.client.call(name, args)
 
 
-def describe_tools(specs: Sequence[Mapping[str, Any]]) -> str:
-    """The tools as plain text for the system prompt (the template need not know about tools)."""
-    blocks = []
-    for spec in specs:
-        params = spec.get("parameters") or {}
-        required = set(params.get("required") or [])
-        lines = [f"## {spec['name']}", str(spec.get("description", ""))]
-        properties: Mapping[str, Any] = params.get("properties") or {}
-        if properties:
-            lines.append("Arguments (JSON object):")
-        for pname, pspec in properties.items():
-            kind = str(pspec.get("type", "any"))
-            if "enum" in pspec:
-                kind += " one of " + ", ".join(map(str, pspec["enum"]))
-            desc = pspec.get("description", "")
-            need = "required" if pname in required else "optional"
-            lines.append(f"- {pname} ({kind}, {need}){': ' + desc if desc else ''}")
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
-
-
 def system_prompt(intro: str, specs: Sequence[Mapping[str, Any]]) -> str:
     """``intro``, then the call format and every tool's description."""
     return (
@@ -69,5 +48,5 @@ def system_prompt(intro: str, specs: Sequence[Mapping[str, Any]]) -> str:
         "several blocks per turn are run in order):\n"
         '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>\n'
         "Each call is answered with its output. When you are done, call submit.\n\n"
-        f"# Tools\n\n{describe_tools(specs)}"
+        f"# Tools\n\n{describe_specs(specs)}"
     )

@@ -7,6 +7,7 @@ request) and sends the model's calls to :meth:`farm.tools.client.ToolClient.call
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 _TIMEOUT = {"type": "number", "description": "seconds before the call is interrupted (optional)"}
@@ -80,23 +81,31 @@ def tool_specs(names: list[str] | None = None) -> list[dict[str, Any]]:
     return [{"type": "function", "function": copy.deepcopy(TOOL_SPECS[name])} for name in chosen]
 
 
+def describe_specs(specs: Sequence[Mapping[str, Any]]) -> str:
+    """Function specs (``{"name", "description", "parameters"}``) as plain text for a system prompt."""
+    blocks = []
+    for spec in specs:
+        params = spec.get("parameters") or {}
+        required = set(params.get("required") or [])
+        properties: Mapping[str, Any] = params.get("properties") or {}
+        lines = [f"## {spec['name']}", str(spec.get("description", ""))]
+        if properties:
+            lines.append("Arguments (JSON object):")
+        for pname, pspec in properties.items():
+            kind = str(pspec.get("type", "any"))
+            if "enum" in pspec:
+                kind += " one of " + ", ".join(map(str, pspec["enum"]))
+            desc = pspec.get("description", "")
+            need = "required" if pname in required else "optional"
+            lines.append(f"- {pname} ({kind}, {need}){': ' + desc if desc else ''}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def tools_prompt(names: list[str] | None = None) -> str:
     """The same specs as plain text, for models prompted without a ``tools`` field.
 
     Raises:
         KeyError: a name is not a known tool.
     """
-    blocks = []
-    for spec in tool_specs(names):
-        fn = spec["function"]
-        params = fn["parameters"]
-        lines = [f"## {fn['name']}", fn["description"], "Arguments (JSON object):"]
-        for pname, pspec in params["properties"].items():
-            required = "required" if pname in params.get("required", []) else "optional"
-            kind = pspec.get("type", "any")
-            if "enum" in pspec:
-                kind += " one of " + ", ".join(pspec["enum"])
-            desc = pspec.get("description", "")
-            lines.append(f"- {pname} ({kind}, {required}){': ' + desc if desc else ''}")
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+    return describe_specs([spec["function"] for spec in tool_specs(names)])
