@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from farm.agent.toolcalls import ToolCall, ToolCallError, parse_tool_calls
+from farm.agent.toolcalls import ToolCall, errors_text, parse_tool_calls
 from farm.constants import Outcome
 from farm.errors import ContextLengthExceeded, UpstreamStatusError
 from farm.llm.trajectory import TokenTrajectory, TrajectoryBuilder
@@ -142,12 +142,6 @@ def observation(result: ToolResult) -> str:
     elif result.exit_code not in (0, None):
         parts.append(f"[exit code {result.exit_code}]")
     return _cut("\n".join(parts) if parts else "[no output]")
-
-
-def _error_text(errors: Sequence[ToolCallError]) -> str:
-    lines = "\n".join(f"- {e.message}" for e in errors)
-    hint = 'Write each call as <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>.'
-    return f"Your tool call could not be run:\n{lines}\n{hint}"
 
 
 def _is_context_error(exc: UpstreamStatusError) -> bool:
@@ -274,7 +268,7 @@ async def run_episode(
         messages: list[dict[str, Any]] = []
         if parsed.errors:
             episode.bad_calls += len(parsed.errors)
-            messages.append({"role": "tool", "content": _error_text(parsed.errors)})
+            messages.append({"role": "tool", "content": errors_text(parsed.errors)})
         submit: ToolCall | None = None
         for tool_call in parsed.calls:
             if tool_call.name == SUBMIT:

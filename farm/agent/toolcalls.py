@@ -260,8 +260,16 @@ def format_response(content: str, *, name: str | None = None, is_error: bool = F
     return f"<tool_response{attrs}>\n{safe}\n{RESPONSE_CLOSE_TAG}"
 
 
-def format_errors(errors: Sequence[ToolCallError]) -> str:
-    """The observation telling the model what was wrong with its calls, with the expected format."""
+def errors_text(errors: Sequence[ToolCallError]) -> str:
+    """What was wrong with a turn's calls, and the expected format, as the model reads it.
+
+    Plain text for a ``tool`` message (templates that wrap tool results add the tags themselves).
+    """
     lines = [f"- {e.message}" for e in errors]
     hint = f'Write each call as {OPEN_TAG}{{"name": "<tool>", "arguments": {{...}}}}{CLOSE_TAG}.'
-    return format_response("\n".join(["Your tool call could not be run:", *lines, hint]), is_error=True)
+    return "\n".join(["Your tool call could not be run:", *lines, hint])
+
+
+def format_errors(errors: Sequence[ToolCallError]) -> str:
+    """``errors_text`` as a ``<tool_response>`` block, for prompts that carry observations inline."""
+    return format_response(errors_text(errors), is_error=True)
