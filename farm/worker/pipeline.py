@@ -124,33 +124,22 @@ def _claim(rt: FarmRuntime, stage: Stage, job_id: int, worker: str) -> lifecycle
     """The usual claim in one autocommitted statement where the database allows it; anything
     else in a transaction, under the job row lock."""
     settings = rt.settings.worker
-    now = utcnow()
+    common: dict[str, Any] = {
+        "job_id": job_id,
+        "stage": stage,
+        "node": settings.node,
+        "worker": worker,
+        "now": utcnow(),
+        "lease_s": settings.lease_s,
+        "samplings": rt.samplings,
+    }
     if (autocommit := rt.autocommit) is not None:
         with autocommit.connect() as conn:
-            claim = lifecycle.claim_next(
-                conn,
-                job_id=job_id,
-                stage=stage,
-                node=settings.node,
-                worker=worker,
-                now=now,
-                lease_s=settings.lease_s,
-                samplings=rt.samplings,
-            )
+            claim = lifecycle.claim_next(conn, **common)
         if claim is not None:
             return claim
     with rt.engine.begin() as session:
-        return lifecycle.claim_stage(
-            session,
-            job_id=job_id,
-            stage=stage,
-            node=settings.node,
-            worker=worker,
-            now=now,
-            lease_s=settings.lease_s,
-            max_attempts=settings.max_attempts,
-            samplings=rt.samplings,
-        )
+        return lifecycle.claim_stage(session, max_attempts=settings.max_attempts, **common)
 
 
 def _complete(rt: FarmRuntime, claim: lifecycle.Claim, worker: str, results: dict[str, Any]) -> lifecycle.Completion:
