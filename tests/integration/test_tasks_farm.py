@@ -138,19 +138,9 @@ def test_every_task_type_end_to_end_on_the_tiny_model(
         assert r.job.outcome in POLICY_OUTCOMES
         assert r.trajectory is not None and r.trajectory.reward is not None and 0.0 <= r.trajectory.reward <= 1.0
         by_type[r.job.type] = by_type.get(r.job.type, 0) + 1
-        t = r.trajectory
-        info = t.info
+        info = r.trajectory.info
         assert info["turns"] >= 1 and set(info["timings"]) >= {"model_s", "tools_s", "farm_s"}
-        # Spans alternate: rendered prompt, model turn, new messages, model turn, ...
-        bounds = [*t.turn_offsets, t.num_tokens]
-        model = np.zeros(t.num_tokens, dtype=bool)
-        for k in range(1, len(t.turn_offsets), 2):
-            model[bounds[k] : bounds[k + 1]] = True
-        assert np.array_equal(np.array(t.loss_mask, dtype=bool), model), "loss mask is 1 exactly on sampled ids"
-        recomputed = np.asarray(teacher(t.token_ids))
-        stored = np.asarray(t.logprobs)
-        assert np.allclose(stored[model], recomputed[model], atol=1e-4), "stored logprobs match a teacher-forced pass"
-        assert np.all(stored[~model] == 0.0)
+        _check_token_exact(r.trajectory, teacher)
     assert by_type == {"math": 2, "code": 2, "swe": 2, "harbor": 2}
     # Every sandbox (the agents' and EVAL's fresh ones) is gone once its job is done.
     assert Registry(root=sandbox_root(tasks_stack.settings)).records() == []
@@ -196,13 +186,17 @@ def test_cancel_tears_down_every_sandbox(client: FarmClient, tasks_stack: Embedd
 
 
 def _check_token_exact(trajectory: Any, teacher: Callable[[list[int]], Any]) -> None:
+    """Spans alternate (rendered prompt, model turn, new messages, model turn, ...): the loss mask
+    is 1 exactly on model turns, whose logprobs match a teacher-forced pass; the rest carry 0."""
     bounds = [*trajectory.turn_offsets, trajectory.num_tokens]
     model = np.zeros(trajectory.num_tokens, dtype=bool)
     for k in range(1, len(trajectory.turn_offsets), 2):
         model[bounds[k] : bounds[k + 1]] = True
-    assert np.array_equal(np.array(trajectory.loss_mask, dtype=bool), model)
+    assert np.array_equal(np.array(trajectory.loss_mask, dtype=bool), model), "loss mask is 1 exactly on sampled ids"
+    stored = np.asarray(trajectory.logprobs)
     recomputed = np.asarray(teacher(trajectory.token_ids))
-    assert np.allclose(np.asarray(trajectory.logprobs)[model], recomputed[model], atol=1e-4)
+    assert np.allclose(stored[model], recomputed[model], atol=1e-4), "stored logprobs match a teacher-forced pass"
+    assert np.all(stored[~model] == 0.0)
 
 
 def test_scripted_model_earns_reward_one_and_zero_on_every_task_type(
