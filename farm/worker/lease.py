@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: how long a cancel-flag lookup is trusted before Redis is asked again.
 CANCEL_CACHE_S = 0.25
+#: cached flags of batches this process has not asked about for this long are dropped.
+CANCEL_CACHE_KEEP_S = 60.0
 
 
 class Lease:
@@ -37,18 +39,10 @@ class Lease:
         self._renewer = renewer
         self.job_id, self.batch_id, self.stage, self.deadline = job_id, batch_id, stage, deadline
         self.lost = False
-        self._cancelled = False
-        self._checked_at = 0.0
 
     def is_cancelled(self) -> bool:
         """True once the batch was cancelled or this worker lost the job: the stage should stop."""
-        if self.lost or self._cancelled:
-            return True
-        now = time.monotonic()
-        if now - self._checked_at >= CANCEL_CACHE_S:
-            self._checked_at = now
-            self._cancelled = self._renewer.cancel_flag(self.batch_id)
-        return self._cancelled
+        return self.lost or self._renewer.cancel_flag(self.batch_id)
 
 
 class LeaseRenewer:
@@ -62,6 +56,9 @@ class LeaseRenewer:
         self._redis = redis_client
         self._leases: dict[int, Lease] = {}
         self._worker_of: dict[int, str] = {}
+        # batch id -> (monotonic time of the lookup, cancelled): one Redis read per batch per
+        # CANCEL_CACHE_S for the whole process, however many of its stages ask.
+        self._cancel_flags: dict[int, tuple[float, bool]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -82,11 +79,18 @@ class LeaseRenewer:
                 self._worker_of.pop(job_id, None)
 
     def cancel_flag(self, batch_id: int) -> bool:
+        """Whether ``batch_id`` was cancelled, as Redis said at most ``CANCEL_CACHE_S`` ago."""
+        now = time.monotonic()
+        cached = self._cancel_flags.get(batch_id)
+        if cached is not None and (cached[1] or now - cached[0] < CANCEL_CACHE_S):
+            return cached[1]
         try:
-            return bool(self._redis().exists(batch_cancel_key(batch_id)))
+            cancelled = bool(self._redis().exists(batch_cancel_key(batch_id)))
         except Exception:  # Redis away: keep going, the database still decides at completion
             log.warning("cannot read the cancel flag of batch %s", batch_id, exc_info=True)
             return False
+        self._cancel_flags[batch_id] = (now, cancelled)
+        return cancelled
 
     def _loop(self) -> None:
         while True:
@@ -98,6 +102,9 @@ class LeaseRenewer:
 
     def renew_once(self) -> None:
         now = time.monotonic()
+        for batch_id, (checked_at, _) in list(self._cancel_flags.items()):
+            if now - checked_at > CANCEL_CACHE_KEEP_S:
+                self._cancel_flags.pop(batch_id, None)
         by_worker: dict[str, list[int]] = {}
         with self._lock:
             for job_id, lease in self._leases.items():

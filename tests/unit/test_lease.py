@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from farm.config import Settings
 from farm.constants import Stage
-from farm.db import lifecycle, queries
+from farm.db import claims, lifecycle, queries
 from farm.db.base import utcnow
 from farm.db.models import Job
 from farm.db.session import make_engine, make_session_factory, transaction
@@ -30,7 +30,7 @@ def _setup(sqlite_url: str):
         _, ids = queries.create_batch(s, request, idempotency_key=None, digest="d", now=utcnow())
     for job_id in ids:
         with engine.begin() as conn:
-            lifecycle.claim_stage(
+            claims.claim_stage(
                 conn, job_id=job_id, stage=Stage.INIT, node="n", worker="w", now=utcnow(), lease_s=3.0, max_attempts=3
             )
     renewer = LeaseRenewer(settings, engine=lambda: engine, redis_client=lambda: _NoRedis())
@@ -70,3 +70,40 @@ def test_stage_past_its_deadline_is_not_renewed(sqlite_url):
         with sessions() as s:
             assert s.get_one(Job, a).lease_until == before
     engine.dispose()
+
+
+class _CountingRedis:
+    def __init__(self) -> None:
+        self.cancelled: set[str] = set()
+        self.reads = 0
+
+    def exists(self, key: str) -> int:
+        self.reads += 1
+        return int(key in self.cancelled)
+
+
+def test_cancel_flag_is_read_once_per_batch_for_all_stages_of_the_process(sqlite_url, monkeypatch):
+    from farm.constants import batch_cancel_key
+    from farm.worker import lease as lease_module
+
+    settings = Settings(database={"url": sqlite_url})
+    fake = _CountingRedis()
+    renewer = LeaseRenewer(settings, engine=lambda: None, redis_client=lambda: fake)  # type: ignore[arg-type,return-value]
+    clock = [1000.0]
+    monkeypatch.setattr(lease_module.time, "monotonic", lambda: clock[0])
+    with (
+        renewer.hold(job_id=1, batch_id=7, stage=Stage.RUN, worker="w", deadline=2000.0) as first,
+        renewer.hold(job_id=2, batch_id=7, stage=Stage.RUN, worker="w", deadline=2000.0) as second,
+        renewer.hold(job_id=3, batch_id=8, stage=Stage.RUN, worker="w", deadline=2000.0) as other,
+    ):
+        assert not first.is_cancelled() and not second.is_cancelled() and not other.is_cancelled()
+        assert fake.reads == 2  # one per batch
+        fake.cancelled.add(batch_cancel_key(7))
+        assert not second.is_cancelled()  # still within the cache window
+        clock[0] += lease_module.CANCEL_CACHE_S
+        assert first.is_cancelled() and second.is_cancelled()
+        assert not other.is_cancelled()
+        reads = fake.reads
+        clock[0] += 10 * lease_module.CANCEL_CACHE_S
+        assert first.is_cancelled() and fake.reads == reads  # a cancel is final: not read again
+        assert not other.is_cancelled() and fake.reads == reads + 1
