@@ -25,8 +25,6 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 #: how long the cancel flag lives in Redis; the database keeps the cancel for good.
 CANCEL_FLAG_TTL_S = 7 * 24 * 3600
-#: after a wake-up, wait this long for more of a burst before reading the page.
-RESULTS_LINGER_S = 0.02
 ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
 
 
@@ -141,7 +139,7 @@ async def get_results(
         await state.notifier.wait(event, left)
         # Results tend to finish in bursts: a moment's pause turns a burst into one page
         # instead of one request and one query per job.
-        await asyncio.sleep(min(RESULTS_LINGER_S, max(0.0, deadline - time.monotonic())))
+        await asyncio.sleep(min(state.settings.api.results_linger_s, max(0.0, deadline - time.monotonic())))
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchStatus, responses=ERRORS, summary="Cancel a batch")
