@@ -32,7 +32,7 @@ def make_engine(settings: Settings, *, url: str | None = None) -> Engine:
 def make_autocommit_engine(settings: Settings, *, url: str | None = None) -> Engine | None:
     """PostgreSQL: an engine whose statements commit one by one without waiting for the WAL to
     reach the disk (``synchronous_commit`` off on its connections), for the one-statement claims
-    and completions that ``farm.db.lifecycle`` allows a database crash to lose. That saves the
+    and completions that ``farm.db.claims`` and ``farm.db.completions`` allow a database crash to lose. That saves the
     BEGIN, SET and COMMIT round trips and ~2 ms of flush wait per stage. None on SQLite, where
     every write goes through a transaction."""
     url = url or settings.database_url

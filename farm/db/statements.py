@@ -1,4 +1,5 @@
-"""The statements of the job state machine (``farm.db.lifecycle``), built once.
+"""The statements of the job state machine (``farm.db.claims``, ``.completions``, ``.lifecycle``),
+built once.
 
 Building a SQLAlchemy expression costs more Python than running it, and these run several
 times per stage of every job. Statements without ``values()`` SET whichever columns their

@@ -19,7 +19,7 @@ from typing import Any
 from celery import Celery
 
 from farm.constants import Outcome, Stage, batch_events_channel
-from farm.db import lifecycle
+from farm.db import claims, completions, lifecycle
 from farm.db.base import utcnow
 from farm.errors import FarmError, Retry
 from farm.handlers.base import StageContext, TaskHandler
@@ -62,7 +62,7 @@ def _timeout_s(rt: FarmRuntime, stage: Stage) -> float:
     return {Stage.INIT: w.init_timeout_s, Stage.RUN: w.run_timeout_s, Stage.EVAL: w.eval_timeout_s}[stage]
 
 
-def _context(rt: FarmRuntime, claim: lifecycle.Claim, deadline: float, lease: Lease | None) -> StageContext:
+def _context(rt: FarmRuntime, claim: claims.Claim, deadline: float, lease: Lease | None) -> StageContext:
     return StageContext(
         job_id=claim.job_id,
         batch_id=claim.batch_id,
@@ -120,7 +120,7 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
     return StageReport(job_id, stage, "completed", done.finished.value if done.finished else None)
 
 
-def _claim(rt: FarmRuntime, stage: Stage, job_id: int, worker: str) -> lifecycle.Claim:
+def _claim(rt: FarmRuntime, stage: Stage, job_id: int, worker: str) -> claims.Claim:
     """The usual claim in one autocommitted statement where the database allows it; anything
     else in a transaction, under the job row lock."""
     settings = rt.settings.worker
@@ -135,29 +135,29 @@ def _claim(rt: FarmRuntime, stage: Stage, job_id: int, worker: str) -> lifecycle
     }
     if (autocommit := rt.autocommit) is not None:
         with autocommit.connect() as conn:
-            claim = lifecycle.claim_next(conn, **common)
+            claim = claims.claim_next(conn, **common)
         if claim is not None:
             return claim
     with rt.engine.begin() as session:
-        return lifecycle.claim_stage(session, max_attempts=settings.max_attempts, **common)
+        return claims.claim_stage(session, max_attempts=settings.max_attempts, **common)
 
 
-def _complete(rt: FarmRuntime, claim: lifecycle.Claim, worker: str, results: dict[str, Any]) -> lifecycle.Completion:
+def _complete(rt: FarmRuntime, claim: claims.Claim, worker: str, results: dict[str, Any]) -> completions.Completion:
     """Record the stage's result: an INIT or RUN that hands the job on in one autocommitted
     statement where the database allows it; anything else (EVAL, a finish, an attempt this
     worker no longer owns) in a transaction."""
     now = utcnow()
     if claim.stage is not Stage.EVAL and (autocommit := rt.autocommit) is not None:
         with autocommit.connect() as conn:
-            done = lifecycle.complete_next(conn, claim, worker=worker, now=now, **results)
+            done = completions.complete_next(conn, claim, worker=worker, now=now, **results)
         if done is not None:
             return done
     with rt.engine.begin() as session:
-        return lifecycle.complete_stage(session, claim, worker=worker, now=now, **results)
+        return completions.complete_stage(session, claim, worker=worker, now=now, **results)
 
 
 def _call_stage(
-    rt: FarmRuntime, handler: TaskHandler[Any], config: Any, claim: lifecycle.Claim, ctx: StageContext
+    rt: FarmRuntime, handler: TaskHandler[Any], config: Any, claim: claims.Claim, ctx: StageContext
 ) -> dict[str, Any]:
     state = claim.state or {}
     # A backstop past the handler's own deadline handling: a coroutine still running a lease
@@ -180,7 +180,7 @@ def _call_stage(
     return {"eval_result": eval_result.model_copy(update={"info": info})}
 
 
-def _skipped(rt: FarmRuntime, claim: lifecycle.Claim) -> StageReport:
+def _skipped(rt: FarmRuntime, claim: claims.Claim) -> StageReport:
     if claim.gave_up:
         _publish_finished(rt, claim.batch_id)
     # A job cancelled (or given up) while its next stage waited in the queue still holds what
@@ -200,7 +200,7 @@ def _skipped(rt: FarmRuntime, claim: lifecycle.Claim) -> StageReport:
 def _retry_or_fail(
     rt: FarmRuntime,
     app: Celery,
-    claim: lifecycle.Claim,
+    claim: claims.Claim,
     worker: str,
     handler: TaskHandler[Any],
     config: Any,
@@ -238,7 +238,7 @@ def _retry_or_fail(
     return _fail(rt, claim, worker, outcome, error)
 
 
-def _fail(rt: FarmRuntime, claim: lifecycle.Claim, worker: str, outcome: Outcome, error: str) -> StageReport:
+def _fail(rt: FarmRuntime, claim: claims.Claim, worker: str, outcome: Outcome, error: str) -> StageReport:
     with rt.engine.begin() as session:
         lifecycle.fail_stage(
             session, job_id=claim.job_id, stage=claim.stage, worker=worker, now=utcnow(), outcome=outcome, error=error
@@ -261,7 +261,7 @@ def _teardown(
     rt: FarmRuntime,
     handler: TaskHandler[Any],
     config: Any,
-    claim: lifecycle.Claim,
+    claim: claims.Claim,
     ctx: StageContext,
     *,
     produced: dict[str, Any] | None = None,

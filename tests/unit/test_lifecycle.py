@@ -9,7 +9,7 @@ from sqlalchemy import func, select, update
 
 from farm.config import Settings
 from farm.constants import BatchState, JobState, Outcome, Stage, StageStatus
-from farm.db import attempts, lifecycle, queries
+from farm.db import attempts, claims, completions, lifecycle, queries
 from farm.db.base import utcnow
 from farm.db.models import Job, StageRun, Trajectory, check_transition
 from farm.db.sampling import SamplingCache
@@ -33,7 +33,7 @@ def make_batch(sessions, n_tasks: int = 1, group_size: int = 2) -> tuple[int, li
 
 def claim(sessions, job_id: int, stage: Stage, worker: str = "w1", now=None, max_attempts: int = 3):
     with transaction(sessions) as s:
-        return lifecycle.claim_stage(
+        return claims.claim_stage(
             s.connection(),
             job_id=job_id,
             stage=stage,
@@ -45,7 +45,7 @@ def claim(sessions, job_id: int, stage: Stage, worker: str = "w1", now=None, max
         )
 
 
-def complete(sessions, c: lifecycle.Claim, worker: str = "w1"):
+def complete(sessions, c: claims.Claim, worker: str = "w1"):
     """Record a canned result for the attempt ``c`` claimed, as ``worker``."""
     kwargs = {}
     if c.stage is Stage.INIT:
@@ -58,7 +58,7 @@ def complete(sessions, c: lifecycle.Claim, worker: str = "w1"):
     else:
         kwargs["eval_result"] = EvalResult(reward=0.75, metrics={"m": 1.0})
     with transaction(sessions) as s:
-        return lifecycle.complete_stage(s.connection(), c, worker=worker, now=utcnow(), **kwargs)
+        return completions.complete_stage(s.connection(), c, worker=worker, now=utcnow(), **kwargs)
 
 
 def job(sessions, job_id: int) -> Job:
@@ -179,7 +179,7 @@ def test_rerun_of_run_overwrites_its_trajectory(sessions):
     _, (job_id, _) = make_batch(sessions)
     complete(sessions, claim(sessions, job_id, Stage.INIT))
     with transaction(sessions) as s:
-        rerun = lifecycle.claim_stage(
+        rerun = claims.claim_stage(
             s.connection(),
             job_id=job_id,
             stage=Stage.RUN,
@@ -355,9 +355,9 @@ def test_claim_reads_a_batchs_sampling_once_per_cache(sessions):
     assert second.config == first.config and second.sampling is first.sampling
 
 
-def claim_with(sessions, job_id: int, samplings: SamplingCache) -> lifecycle.Claim:
+def claim_with(sessions, job_id: int, samplings: SamplingCache) -> claims.Claim:
     with transaction(sessions) as s:
-        return lifecycle.claim_stage(
+        return claims.claim_stage(
             s.connection(),
             job_id=job_id,
             stage=Stage.INIT,
@@ -402,14 +402,14 @@ def test_usual_claim_and_completion_work_as_single_autocommitted_statements(db_u
     _, (job_id, _) = make_batch(sessions)
     try:
         with autocommit.connect() as conn:
-            c = lifecycle.claim_next(
+            c = claims.claim_next(
                 conn, job_id=job_id, stage=Stage.INIT, node="n1", worker="w1", now=utcnow(), lease_s=LEASE_S
             )
             assert c is not None and c.attempt == 1
-            done = lifecycle.complete_next(conn, c, worker="w1", now=utcnow(), init_state={"x": 1})
+            done = completions.complete_next(conn, c, worker="w1", now=utcnow(), init_state={"x": 1})
             assert done is not None and done.next_stage is Stage.RUN
             # A second completion of the same attempt is not the usual case: it falls back.
-            assert lifecycle.complete_next(conn, c, worker="w1", now=utcnow(), init_state={"x": 1}) is None
+            assert completions.complete_next(conn, c, worker="w1", now=utcnow(), init_state={"x": 1}) is None
     finally:
         autocommit.dispose()
     assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.OK, "w1")]

@@ -1,0 +1,223 @@
+"""Claiming a stage of a job: the usual claim in one conditional UPDATE, everything else
+(a re-delivered message, a lapsed lease, the last attempt, a stale message) under the row lock."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+
+from farm.constants import TERMINAL_STATES, JobState, Outcome, Stage, StageStatus
+from farm.db import attempts, jobrows
+from farm.db import statements as sql
+from farm.db.jobrows import LOST_ERROR, PREVIOUS_STATE, STAGE_STATE, JobRow
+from farm.db.sampling import SamplingCache
+from farm.schemas import SamplingParams, TrajectoryData
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A stage this worker now owns. ``skip`` set means: do nothing, the message was stale."""
+
+    job_id: int
+    stage: Stage
+    skip: str | None = None
+    attempt: int = 0
+    batch_id: int = 0
+    type: str = ""
+    config: dict[str, Any] | None = None
+    state: dict[str, Any] | None = None
+    sampling: SamplingParams | None = None
+    seed: int | None = None
+    node: str | None = None
+    gave_up: bool = False
+    #: RUN's episode, handed to EVAL.
+    trajectory: TrajectoryData | None = None
+    #: what the completion needs to write its result without reading the job again: when this
+    #: attempt began, the job's stage data as claimed (never handed to the handler, which may
+    #: change its ``state``), when the job was created, and RUN's outcome (for EVAL).
+    started_at: datetime | None = None
+    stage_data: dict[str, Any] = field(default_factory=dict)
+    created_at: datetime | None = None
+    outcome: Outcome | None = None
+    reason: str | None = None
+
+
+def _handoff(job: JobRow, stage: Stage, **extra: Any) -> Claim:
+    """A skipped claim that still carries what a teardown on this node needs."""
+    state = dict((job.stage_data or {}).get("state", {}))
+    return Claim(
+        job.id,
+        stage,
+        type=job.type,
+        node=job.node,
+        config=dict(job.config),
+        state=state,
+        batch_id=job.batch_id,
+        **extra,
+    )
+
+
+def claim_stage(
+    session: Connection,
+    *,
+    job_id: int,
+    stage: Stage,
+    node: str,
+    worker: str,
+    now: datetime,
+    lease_s: float,
+    max_attempts: int,
+    samplings: SamplingCache | None = None,
+) -> Claim:
+    """Take ownership of ``stage`` of a job, or explain why this delivery is stale.
+
+    ``samplings`` keeps the batches' sampling parameters this process has already read."""
+    claim = claim_next(
+        session, job_id=job_id, stage=stage, node=node, worker=worker, now=now, lease_s=lease_s, samplings=samplings
+    )
+    if claim is not None:
+        jobrows.commit_early(session)
+        return claim
+    return _claim_locked(
+        session,
+        job_id=job_id,
+        stage=stage,
+        node=node,
+        worker=worker,
+        now=now,
+        lease_s=lease_s,
+        max_attempts=max_attempts,
+    )
+
+
+def claim_next(
+    conn: Connection,
+    *,
+    job_id: int,
+    stage: Stage,
+    node: str,
+    worker: str,
+    now: datetime,
+    lease_s: float,
+    samplings: SamplingCache | None = None,
+) -> Claim | None:
+    """The usual claim in one statement: the previous stage is done, and the job moves into
+    ``stage``. None when it is anything else (``claim_stage`` then sorts it out under the row
+    lock). Needs no transaction of its own, so it may run on an autocommit connection."""
+    params = {"_job_id": job_id, "_now": now, "_until": now + timedelta(seconds=lease_s), "_worker": worker}
+    if stage is Stage.INIT:
+        params["_node"] = node
+    job = conn.execute(sql.CLAIM_NEXT[stage], params).one_or_none()
+    if job is None:
+        return None
+    sampling = _sampling(conn, job.batch_id, samplings)
+    return _granted(conn, job, stage, attempt=1, now=now, node=job.node, config=job.config, sampling=sampling)
+
+
+def _sampling(session: Connection, batch_id: int, samplings: SamplingCache | None) -> SamplingParams:
+    sampling = samplings.get(batch_id) if samplings is not None else None
+    if sampling is None:
+        sampling = SamplingParams.model_validate(
+            session.execute(sql.SAMPLING_OF_BATCH, {"batch_id": batch_id}).scalar_one()
+        )
+        if samplings is not None:
+            samplings.put(batch_id, sampling)
+    return sampling
+
+
+def _claim_locked(
+    session: Connection,
+    *,
+    job_id: int,
+    stage: Stage,
+    node: str,
+    worker: str,
+    now: datetime,
+    lease_s: float,
+    max_attempts: int,
+) -> Claim:
+    """The unusual claims, under the job row lock: re-deliveries, lapsed leases, retries, the
+    last attempt, stale messages."""
+    job = jobrows.lock(session, job_id, with_task=True)
+    if job is None:
+        return Claim(job_id, stage, skip="no such job")
+    if job.state in TERMINAL_STATES:
+        return _handoff(job, stage, skip=f"job is already {job.state.value}")
+    target = STAGE_STATE[stage]
+    values: dict[str, Any]
+    if job.state is PREVIOUS_STATE[stage] and job.stage_done:
+        values = {**jobrows.move(job.id, job.state, target, now), "stage_attempts": 1}
+    elif job.state is target and not job.stage_done:
+        if job.worker is not None and job.lease_until is not None and job.lease_until > now:
+            return Claim(job_id, stage, skip=f"{stage.value} is running on {job.worker} under a live lease")
+        attempts.record_unfinished(session, job, StageStatus.LOST, now, LOST_ERROR)
+        if job.stage_attempts >= max_attempts:
+            reason = f"{stage.value} did not complete in {max_attempts} attempts"
+            jobrows.finish(session, job, JobState.FAILED, now=now, outcome=Outcome.INFRA_ERROR, reason=reason)
+            return _handoff(job, stage, skip="attempts exhausted", gave_up=True)
+        values = {"stage_attempts": job.stage_attempts + 1}
+    elif job.state is target:
+        return Claim(job_id, stage, skip=f"{stage.value} already completed")
+    else:
+        return Claim(job_id, stage, skip=f"job is in {job.state.value}, not ready for {stage.value}")
+
+    jobrows.set_values(
+        session,
+        job_id,
+        **values,
+        attempts=job.attempts + 1,
+        stage_done=False,
+        worker=worker,
+        lease_until=now + timedelta(seconds=lease_s),
+        stage_started_at=now,
+        **({"node": node} if stage is Stage.INIT else {}),
+    )
+    sampling = SamplingParams.model_validate(job.sampling)
+    attempt = values["stage_attempts"]
+    node = node if stage is Stage.INIT else job.node
+    return _granted(session, job, stage, attempt=attempt, now=now, node=node, config=job.config, sampling=sampling)
+
+
+def _granted(
+    session: Connection,
+    job: JobRow,
+    stage: Stage,
+    *,
+    attempt: int,
+    now: datetime,
+    node: str | None,
+    config: dict[str, Any],
+    sampling: SamplingParams,
+) -> Claim:
+    """The claim handed to the stage, from the job row as it was claimed."""
+    data = job.stage_data or {}
+    return Claim(
+        job_id=job.id,
+        stage=stage,
+        attempt=attempt,
+        batch_id=job.batch_id,
+        type=job.type,
+        config=dict(config),
+        # The handler gets its own copy: what it does to it must not leak into the stored data.
+        state=copy.deepcopy(data.get("state", {})),
+        sampling=sampling,
+        seed=job.seed,
+        node=node,
+        trajectory=_trajectory(session, job) if stage is Stage.EVAL else None,
+        started_at=now,
+        stage_data=data,
+        created_at=job.created_at,
+        outcome=job.outcome,
+        reason=job.reason,
+    )
+
+
+def _trajectory(session: Connection, job: JobRow) -> TrajectoryData | None:
+    """RUN's episode for EVAL: from the claim's own row when its statement read it."""
+    if "token_ids" in job._fields:
+        return attempts.unpack_trajectory(job) if job.token_ids is not None else None
+    return attempts.load_trajectory(session, job.id)
