@@ -45,9 +45,9 @@ class ApiSettings(BaseModel):
     max_tasks_per_batch: int = 100_000
     #: longest a results long-poll may hold a request open.
     max_wait_s: float = 60.0
-    #: once a waiting results request is woken by a finish, it waits this much longer for more
-    #: of the burst, so a page carries many results instead of each finish costing a request and
-    #: a query (0.02 s: 4x the API's CPU per job of 0.1 s). It bounds the added delay.
+    #: a results long-poll that finds fewer results than its page holds waits this much longer
+    #: for more, so a page carries many results instead of each finish costing a request and a
+    #: query. It bounds the delay it adds; a request with ``wait_s=0`` never waits.
     results_linger_s: float = Field(default=0.1, ge=0.0, le=5.0)
 
 

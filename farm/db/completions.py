@@ -40,6 +40,14 @@ class _Result:
     task_id: str | None = None
 
 
+def finishes(stage: Stage, run_result: RunResult | None) -> bool:
+    """Whether completing ``stage`` with this result ends the job: EVAL always, RUN when the
+    episode ended without something to score (an agent failure, a cancel)."""
+    if stage is Stage.RUN:
+        return run_result is not None and run_result.outcome not in POLICY_OUTCOMES
+    return stage is Stage.EVAL
+
+
 def _result(
     claim: Claim,
     now: datetime,
@@ -62,7 +70,7 @@ def _result(
         assert run_result is not None
         state.update(run_result.state)
         values.update(outcome=run_result.outcome, reason=run_result.reason)
-        if run_result.outcome not in POLICY_OUTCOMES:
+        if finishes(stage, run_result):
             result.finish = JobState.CANCELLED if run_result.outcome is Outcome.CANCELLED else JobState.FAILED
             values.update(jobrows.move(claim.job_id, JobState.RUN, result.finish, now))
     else:
@@ -87,16 +95,24 @@ def complete_next(
     now: datetime,
     init_state: dict[str, Any] | None = None,
     run_result: RunResult | None = None,
+    eval_result: EvalResult | None = None,
 ) -> Completion | None:
-    """PostgreSQL: the usual INIT or RUN completion (the job goes on to its next stage) in one
-    statement, so it may run on an autocommit connection. None when the result would finish
-    the job, or the attempt is no longer the job's: ``complete_stage`` then takes over."""
-    result = _result(claim, now, init_state, run_result, None)
-    if result.finish is not None or conn.dialect.name != "postgresql":
+    """PostgreSQL: the usual completion in one statement, so it may run on an autocommit
+    connection; one that ``finishes`` the job takes its finish position in the same statement.
+    None when the attempt is no longer the job's as claimed (``complete_stage`` then sorts it
+    out under the row lock), and always on SQLite."""
+    if conn.dialect.name != "postgresql":
         return None
-    writes = _writes(claim, worker, now, result, run_result, None)
-    if not _write_owned(conn, claim, worker, result, writes):
+    result = _result(claim, now, init_state, run_result, eval_result)
+    writes = _writes(claim, worker, now, result, run_result, eval_result)
+    if not _write_owned(conn, claim, worker, now, result, writes):
         return None
+    return _completed(claim, result)
+
+
+def _completed(claim: Claim, result: _Result) -> Completion:
+    if result.finish is not None:
+        return Completion(recorded=True, finished=result.finish)
     return Completion(recorded=True, next_stage=result.next_stage, next_task_id=result.task_id, node=claim.node)
 
 
@@ -114,7 +130,7 @@ def complete_stage(
     overwrites its own trajectory row rather than adding a second one."""
     result = _result(claim, now, init_state, run_result, eval_result)
     writes = _writes(claim, worker, now, result, run_result, eval_result)
-    if not _write_owned(session, claim, worker, result, writes):
+    if not _write_owned(session, claim, worker, now, result, writes):
         job, why = jobrows.owned_attempt(session, claim.job_id, claim.stage, worker)
         if job is None:
             return Completion(recorded=False, reason=why)
@@ -125,31 +141,38 @@ def complete_stage(
         writes = _writes(claim, worker, now, result, run_result, eval_result)
         jobrows.set_values(session, claim.job_id, **result.values)
         attempts.write_apart(session, claim.job_id, writes)
-    if result.finish is not None:
-        jobrows.take_finish_seq(session, claim.job_id, claim.batch_id, now)
-        return Completion(recorded=True, finished=result.finish)
-    jobrows.commit_early(session)
-    return Completion(recorded=True, next_stage=result.next_stage, next_task_id=result.task_id, node=claim.node)
+        if result.finish is not None:
+            jobrows.take_finish_seq(session, claim.job_id, claim.batch_id, now)
+    if result.finish is None:
+        jobrows.commit_early(session)
+    return _completed(claim, result)
 
 
-def _write_owned(session: Connection, claim: Claim, worker: str, result: _Result, writes: attempts.Writes) -> bool:
+def _write_owned(
+    session: Connection, claim: Claim, worker: str, now: datetime, result: _Result, writes: attempts.Writes
+) -> bool:
     """The usual completion: this worker's attempt is still the job's attempt in progress.
-    Writes everything and returns True if so; writes nothing otherwise. PostgreSQL does it in
-    one statement; SQLite (no writes in WITH) in one per table."""
+    Writes everything (with the job's finish position if it finishes) and returns True if so;
+    writes nothing otherwise. PostgreSQL does it in one statement; SQLite (no writes in WITH)
+    in one per table."""
     guard = {"_job_id": claim.job_id, "_state": STAGE_STATE[claim.stage], "_worker": worker, "_attempt": claim.attempt}
     if session.dialect.name != "postgresql":
         if session.execute(sql.UPDATE_OWNED_ATTEMPT, {**guard, **result.values}).rowcount != 1:
             return False
         attempts.write_apart(session, claim.job_id, writes)
+        if result.finish is not None:
+            jobrows.take_finish_seq(session, claim.job_id, claim.batch_id, now)
         return True
+    finishing = {"_batch_id": claim.batch_id, "_count": 1, "_now": now} if result.finish is not None else {}
     params = {
         **guard,
+        **finishing,
         **{f"_set_{name}": value for name, value in result.values.items()},
         **{f"_run_{name}": value for name, value in writes.attempt.items()},
         **{f"_trajectory_{name}": value for name, value in (writes.trajectory or {}).items()},
         **{f"_score_{name}": value for name, value in (writes.score or {}).items()},
     }
-    statement = sql.complete_owned(claim.stage, tuple(result.values))
+    statement = sql.complete_owned(claim.stage, tuple(result.values), result.finish is not None)
     return bool(session.execute(statement, params).scalar_one() == 1)
 
 

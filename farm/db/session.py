@@ -29,12 +29,14 @@ def make_engine(settings: Settings, *, url: str | None = None) -> Engine:
     )
 
 
-def make_autocommit_engine(settings: Settings, *, url: str | None = None) -> Engine | None:
-    """PostgreSQL: an engine whose statements commit one by one without waiting for the WAL to
-    reach the disk (``synchronous_commit`` off on its connections), for the one-statement claims
-    and completions that ``farm.db.claims`` and ``farm.db.completions`` allow a database crash to lose. That saves the
-    BEGIN, SET and COMMIT round trips and ~2 ms of flush wait per stage. None on SQLite, where
-    every write goes through a transaction."""
+def make_autocommit_engine(settings: Settings, *, url: str | None = None, durable: bool) -> Engine | None:
+    """PostgreSQL: an engine whose statements commit one by one, for the one-statement claims
+    and completions of ``farm.db.claims`` and ``farm.db.completions``; that saves the BEGIN and
+    COMMIT round trips. Unless ``durable``, its commits do not wait for the WAL to reach the disk
+    (``synchronous_commit`` off, ~2 ms less per statement): for the writes a database crash may
+    lose without harm (claims, INIT and RUN completions; see ``jobrows.commit_early``). A
+    completion that finishes a job goes through a durable one. None on SQLite, where every
+    write goes through a transaction."""
     url = url or settings.database_url
     if url.startswith("sqlite"):
         return None
@@ -45,7 +47,7 @@ def make_autocommit_engine(settings: Settings, *, url: str | None = None) -> Eng
         max_overflow=settings.database.pool_size,
         pool_pre_ping=settings.database.pool_pre_ping,
         isolation_level="AUTOCOMMIT",
-        connect_args={"options": "-c synchronous_commit=off"},
+        connect_args={} if durable else {"options": "-c synchronous_commit=off"},
     )
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    exists,
     func,
     insert,
     literal,
@@ -201,19 +202,27 @@ def _value(table: Table, prefix: str, name: str) -> Cast[Any]:
 
 
 @cache
-def complete_owned(stage: Stage, columns: tuple[str, ...]) -> Select[Any]:
+def complete_owned(stage: Stage, columns: tuple[str, ...], finishes: bool) -> Select[Any]:
     """PostgreSQL: a completion in one statement. The job UPDATE guarded like
     UPDATE_OWNED_ATTEMPT (SET ``columns`` from ``_set_<name>``), and, only for the row it
     updated, the attempt's stage_runs row (``_run_<name>``) and the trajectory write (RUN's
     ``_trajectory_<name>``, EVAL's ``_score_<name>``). Selects 1 if the attempt was still owned.
+
+    A completion that ``finishes`` the job also takes its place in the batch's finish order
+    (``_batch_id``, ``_count`` 1, ``_now``; see TAKE_FINISH_SEQS). The job row is locked first
+    (the ``guard``), and the batch row only if the guard found it, so the lock order stays job,
+    then batch, and a completion that lost its attempt takes no place.
     """
-    owned = (
-        update(JOBS)
-        .where(*UPDATE_OWNED_ATTEMPT.whereclause.clauses)  # type: ignore[union-attr]
-        .values({name: _bind(JOBS, "_set_", name) for name in columns})
-        .returning(JOBS.c.id)
-        .cte("owned")
-    )
+    guard_where = UPDATE_OWNED_ATTEMPT.whereclause.clauses  # type: ignore[union-attr]
+    values: dict[str, Any] = {name: _bind(JOBS, "_set_", name) for name in columns}
+    if finishes:
+        guard = select(JOBS.c.id).where(*guard_where).with_for_update().cte("guard")
+        seq = TAKE_FINISH_SEQS.where(exists(select(guard.c.id))).cte("seq")
+        values["finish_seq"] = select(seq.c.finished_jobs).scalar_subquery()
+        owned_rows = update(JOBS).where(JOBS.c.id.in_(select(guard.c.id)))
+    else:
+        owned_rows = update(JOBS).where(*guard_where)
+    owned = owned_rows.values(values).returning(JOBS.c.id).cte("owned")
     writes = [
         insert(RUNS)
         .from_select(RUN_ROW, select(owned.c.id, *(_value(RUNS, "_run_", name) for name in RUN_ROW[1:])))

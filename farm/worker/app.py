@@ -28,8 +28,8 @@ class FarmRuntime:
         self.settings = settings
         self._lock = threading.Lock()
         self._engine: Engine | None = None
-        self._autocommit: Engine | None = None
-        self._autocommit_made = False
+        # durable -> the autocommit engine (None on SQLite), made on first use
+        self._autocommit: dict[bool, Engine | None] = {}
         self._sessions: sessionmaker[Session] | None = None
         self._redis: Redis | None = None
         #: sampling parameters of the batches this process has claimed jobs of.
@@ -48,15 +48,13 @@ class FarmRuntime:
                 self._sessions = make_session_factory(self._engine)
             return self._engine
 
-    @property
-    def autocommit(self) -> Engine | None:
-        """The engine for one-statement claims and completions (None on SQLite; see
-        ``make_autocommit_engine``)."""
+    def autocommit(self, *, durable: bool = False) -> Engine | None:
+        """The engine for one-statement claims and completions; ``durable`` for those that
+        finish a job (None on SQLite; see ``make_autocommit_engine``)."""
         with self._lock:
-            if not self._autocommit_made:
-                self._autocommit = make_autocommit_engine(self.settings)
-                self._autocommit_made = True
-            return self._autocommit
+            if durable not in self._autocommit:
+                self._autocommit[durable] = make_autocommit_engine(self.settings, durable=durable)
+            return self._autocommit[durable]
 
     @property
     def sessions(self) -> sessionmaker[Session]:
@@ -97,9 +95,10 @@ class FarmRuntime:
             if self._engine is not None:
                 self._engine.dispose()
                 self._engine = self._sessions = None
-            if self._autocommit is not None:
-                self._autocommit.dispose()
-            self._autocommit, self._autocommit_made = None, False
+            for engine in self._autocommit.values():
+                if engine is not None:
+                    engine.dispose()
+            self._autocommit.clear()
             if self._redis is not None:
                 self._redis.close()
                 self._redis = None

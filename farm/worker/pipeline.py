@@ -133,7 +133,7 @@ def _claim(rt: FarmRuntime, stage: Stage, job_id: int, worker: str) -> claims.Cl
         "lease_s": settings.lease_s,
         "samplings": rt.samplings,
     }
-    if (autocommit := rt.autocommit) is not None:
+    if (autocommit := rt.autocommit()) is not None:
         with autocommit.connect() as conn:
             claim = claims.claim_next(conn, **common)
         if claim is not None:
@@ -143,11 +143,12 @@ def _claim(rt: FarmRuntime, stage: Stage, job_id: int, worker: str) -> claims.Cl
 
 
 def _complete(rt: FarmRuntime, claim: claims.Claim, worker: str, results: dict[str, Any]) -> completions.Completion:
-    """Record the stage's result: an INIT or RUN that hands the job on in one autocommitted
-    statement where the database allows it; anything else (EVAL, a finish, an attempt this
-    worker no longer owns) in a transaction."""
+    """Record the stage's result in one autocommitted statement where the database allows it,
+    waiting for the disk only if it finishes the job; anything else (an attempt this worker no
+    longer holds as claimed, SQLite) in a transaction."""
     now = utcnow()
-    if claim.stage is not Stage.EVAL and (autocommit := rt.autocommit) is not None:
+    durable = completions.finishes(claim.stage, results.get("run_result"))
+    if (autocommit := rt.autocommit(durable=durable)) is not None:
         with autocommit.connect() as conn:
             done = completions.complete_next(conn, claim, worker=worker, now=now, **results)
         if done is not None:

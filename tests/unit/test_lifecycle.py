@@ -396,7 +396,7 @@ def test_a_claim_the_database_lost_is_reported_so_the_stage_is_delivered_again(s
 
 
 def test_usual_claim_and_completion_work_as_single_autocommitted_statements(db_url, sessions):
-    autocommit = make_autocommit_engine(Settings(), url=db_url)
+    autocommit = make_autocommit_engine(Settings(), url=db_url, durable=False)
     if autocommit is None:
         pytest.skip("SQLite writes only in transactions")
     _, (job_id, _) = make_batch(sessions)
@@ -414,3 +414,58 @@ def test_usual_claim_and_completion_work_as_single_autocommitted_statements(db_u
         autocommit.dispose()
     assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.OK, "w1")]
     assert claim(sessions, job_id, Stage.RUN).state == {"x": 1}
+
+
+def _eval_result(reward: float) -> EvalResult:
+    return EvalResult(reward=reward, metrics={"m": reward})
+
+
+def test_finishing_completions_in_one_statement_each_take_one_finish_position(db_url, sessions):
+    """EVAL's usual completion (and a RUN that ends the job) takes its place in the finish order
+    in its own statement; concurrent ones get distinct places, and the last completes the batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    durable = make_autocommit_engine(Settings(), url=db_url, durable=True)
+    if durable is None:
+        pytest.skip("SQLite writes only in transactions")
+    batch_id, job_ids = make_batch(sessions, n_tasks=4, group_size=2)
+    evals = []
+    for job_id in job_ids[:-1]:
+        for stage in (Stage.INIT, Stage.RUN):
+            complete(sessions, claim(sessions, job_id, stage))
+        evals.append(claim(sessions, job_id, Stage.EVAL))
+    # The last job's RUN ends it: its sandbox broke, so there is nothing to score.
+    last = job_ids[-1]
+    complete(sessions, claim(sessions, last, Stage.INIT))
+    run_claim = claim(sessions, last, Stage.RUN)
+    failed_run = RunResult(
+        trajectory=TrajectoryData(token_ids=[5, 6], logprobs=[0.0, -0.5], loss_mask=[0, 1]),
+        outcome=Outcome.SANDBOX_ERROR,
+        reason="the sandbox died",
+    )
+    assert completions.finishes(Stage.RUN, failed_run) and completions.finishes(Stage.EVAL, None)
+
+    def finish(c: claims.Claim) -> completions.Completion | None:
+        with durable.connect() as conn:
+            if c.stage is Stage.RUN:
+                return completions.complete_next(conn, c, worker="w1", now=utcnow(), run_result=failed_run)
+            return completions.complete_next(conn, c, worker="w1", now=utcnow(), eval_result=_eval_result(0.5))
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            done = list(pool.map(finish, [*evals, run_claim]))
+        assert [d.finished if d else None for d in done] == [JobState.DONE] * len(evals) + [JobState.FAILED]
+        # The same attempt again is not the usual case: nothing written, no place taken.
+        assert finish(evals[0]) is None
+    finally:
+        durable.dispose()
+    with sessions() as s:
+        jobs = {j.id: j for j in s.scalars(select(Job).where(Job.batch_id == batch_id))}
+        status = queries.batch_status(s, batch_id)
+        scored = s.scalars(select(Trajectory.reward).where(Trajectory.job_id.in_(job_ids[:-1]))).all()
+    assert sorted(j.finish_seq for j in jobs.values()) == list(range(1, len(job_ids) + 1))
+    assert jobs[last].state is JobState.FAILED and jobs[last].outcome is Outcome.SANDBOX_ERROR
+    assert all(jobs[j].state is JobState.DONE and jobs[j].reward == 0.5 for j in job_ids[:-1])
+    assert scored == [0.5] * len(evals)
+    assert status.state is BatchState.COMPLETE and status.finished_jobs == len(job_ids)
+    assert history(sessions, evals[0].job_id)[-1] == (Stage.EVAL, 1, StageStatus.OK, "w1")

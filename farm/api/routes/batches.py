@@ -122,24 +122,38 @@ async def get_results(
 ) -> ResultsPage:
     deadline = time.monotonic() + min(wait_s, state.settings.api.max_wait_s)
 
+    def progress() -> tuple[BatchState, int]:
+        with state.sessions() as session:
+            batch = queries.get_batch(session, batch_id)
+            return batch.state, batch.finished_jobs
+
     def read() -> ResultsPage:
         with state.sessions() as session:
             return queries.results_page(
                 session, batch_id, after=after, limit=limit, encoding=encoding, trajectories=trajectories
             )
 
+    lingered = False
     while True:
         event = state.notifier.event(batch_id)
-        page = await run_in_threadpool(read)
+        # Finish positions are dense (1..finished_jobs), so the batch row alone says how many
+        # results are past the cursor: no page is read until it is worth sending.
+        batch_state, finished = await run_in_threadpool(progress)
+        waiting = finished - after
         left = deadline - time.monotonic()
-        if page.items or page.remaining == 0 or page.batch_state is not BatchState.RUNNING or left <= 0:
+        if waiting >= limit or batch_state is not BatchState.RUNNING or left <= 0 or (waiting > 0 and lingered):
+            page = await run_in_threadpool(read)
             # Serialised by pydantic-core directly: pages of trajectories run to tens of MB, and
             # FastAPI's generic path would validate and encode them again in Python.
             return Response(page.model_dump_json(), media_type="application/json")  # type: ignore[return-value]
-        await state.notifier.wait(event, left)
-        # Results tend to finish in bursts: a moment's pause turns a burst into one page
-        # instead of one request and one query per job.
-        await asyncio.sleep(min(state.settings.api.results_linger_s, max(0.0, deadline - time.monotonic())))
+        if waiting > 0:
+            # Results finish in bursts and trickles: a moment's wait turns them into one page
+            # instead of one request and one query per job (a client streaming a running batch
+            # asks again as soon as it has a page, so most pages would hold one or two results).
+            await asyncio.sleep(min(state.settings.api.results_linger_s, left))
+            lingered = True
+        else:
+            await state.notifier.wait(event, left)
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchStatus, responses=ERRORS, summary="Cancel a batch")
