@@ -1,4 +1,10 @@
-"""Sending stages by task name: what the API and the pipeline use (no stage code imported)."""
+"""Sending stages by task name: what the API and the pipeline use (no stage code imported).
+
+Messages are sent with ``declare=[]``: Celery would otherwise declare the queue before every
+message (a kombu ``ensure`` wrapper and an entity copy each time, a tenth of a send's CPU).
+On Redis a message to the default direct exchange goes to the list named by its queue
+whether or not anyone declared it, and workers declare the queues they consume.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,19 @@ from celery import Celery
 
 from farm.constants import TASK_FOR_STAGE, Stage, queue_name
 
+NO_DECLARE = ()
+
 
 def send_stage(
     app: Celery, *, job_id: int, stage: Stage, node: str | None, task_id: str | None, countdown: float | None = None
 ) -> None:
     app.send_task(
-        TASK_FOR_STAGE[stage], args=[job_id], queue=queue_name(stage, node), task_id=task_id, countdown=countdown
+        TASK_FOR_STAGE[stage],
+        args=[job_id],
+        queue=queue_name(stage, node),
+        task_id=task_id,
+        countdown=countdown,
+        declare=NO_DECLARE,
     )
 
 
@@ -35,6 +48,7 @@ def send_init_many(app: Celery, jobs: Iterable[tuple[int, str | None]]) -> int:
                 queue=queue_name(Stage.INIT),
                 task_id=task_id,
                 producer=producer,
+                declare=NO_DECLARE,
             )
             sent += 1
     return sent
