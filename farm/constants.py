@@ -94,6 +94,11 @@ def batch_cancel_key(batch_id: int) -> str:
     return f"{REDIS_PREFIX}batch:{batch_id}:cancelled"
 
 
+def sweep_turn_key() -> str:
+    """Held for one sweep interval by the worker process whose turn it is to sweep leases."""
+    return f"{REDIS_PREFIX}sweep:turn"
+
+
 def batch_events_channel(batch_id: int) -> str:
     return f"{REDIS_PREFIX}batch:{batch_id}:events"
 

@@ -1,9 +1,11 @@
 """Re-sends stages whose worker died: the database, not Redis, is the record of what is owed.
 
-Every worker process runs one sweeper thread. A stage whose lease lapsed (its worker was
-killed, or hung past its deadline) has its lease cleared and its message sent again to the
-job's node; the claim on the other side counts the attempt. Two sweepers never re-send the
-same stage: the rows are locked with SKIP LOCKED and the lease is cleared in that transaction.
+Every worker process runs one sweeper thread, and one of them sweeps per interval: the one
+that takes the turn key in Redis first (if Redis is away, each sweeps). A stage whose lease
+lapsed (its worker was killed, or hung past its deadline) has its lease cleared and its message
+sent again to the job's node; the claim on the other side counts the attempt. Two sweepers
+never re-send the same stage: the rows are locked with SKIP LOCKED and the lease is cleared in
+that transaction.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import threading
 from datetime import timedelta
 
 from celery import Celery
+from redis.exceptions import RedisError
 
+from farm.constants import sweep_turn_key
 from farm.db.base import utcnow
 from farm.db.lifecycle import expired_leases
 from farm.worker.app import FarmRuntime
@@ -34,6 +38,16 @@ def sweep_once(rt: FarmRuntime, app: Celery) -> int:
     return len(lapsed)
 
 
+def take_turn(rt: FarmRuntime) -> bool:
+    """Whether this process sweeps this interval: a farm of many worker processes needs one
+    sweep per interval, not one per process."""
+    interval_ms = max(1, int(rt.settings.worker.sweep_interval_s * 1000))
+    try:
+        return bool(rt.redis.set(sweep_turn_key(), rt.settings.worker.node, nx=True, px=interval_ms))
+    except RedisError:  # a second sweep is harmless; a missed one delays recovery
+        return True
+
+
 class Sweeper:
     """Runs ``sweep_once`` every ``sweep_interval_s`` on a daemon thread."""
 
@@ -52,6 +66,7 @@ class Sweeper:
     def _loop(self) -> None:
         while not self._stop.wait(self._rt.settings.worker.sweep_interval_s):
             try:
-                sweep_once(self._rt, self._app)
+                if take_turn(self._rt):
+                    sweep_once(self._rt, self._app)
             except Exception:  # the database may be briefly away; try again next interval
                 log.exception("lease sweep failed")

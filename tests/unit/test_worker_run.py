@@ -54,3 +54,23 @@ def test_no_tokenizer_warmup_without_a_policy(tmp_path):
             raise AssertionError("the tokenizer must not be loaded")
 
     _warm_tokenizer(SimpleNamespace(farm=NoLLM()))
+
+
+def test_one_worker_process_sweeps_per_interval(redis_url, redis_client):
+    """Every worker process runs a sweeper; the first to take the turn sweeps, the rest wait
+    for the next interval."""
+    import time
+
+    from farm.config import Settings
+    from farm.worker.app import FarmRuntime
+    from farm.worker.sweeper import take_turn
+
+    settings = Settings(redis={"url": redis_url}, worker={"sweep_interval_s": 0.3})
+    runtimes = [FarmRuntime(settings) for _ in range(3)]
+    try:
+        assert [take_turn(rt) for rt in runtimes] == [True, False, False]
+        time.sleep(0.4)
+        assert [take_turn(rt) for rt in runtimes[::-1]] == [True, False, False]
+    finally:
+        for rt in runtimes:
+            rt.close()
