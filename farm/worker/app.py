@@ -105,6 +105,10 @@ class FarmRuntime:
         self.aio.close()
 
 
+#: kombu's Redis transport with one client per channel (see ``farm.worker.transport``).
+REDIS_TRANSPORT = "farm.worker.transport:Transport"
+
+
 class FarmCelery(Celery):  # type: ignore[misc]
     """A Celery app that carries farm's runtime, so tasks reach settings and connections
     through ``self.app.farm`` instead of globals."""
@@ -117,6 +121,7 @@ def make_celery_app(settings: Settings, **overrides: Any) -> FarmCelery:
     (``farm.worker.stages.register_stages``) so the API can send by name without importing them."""
     app = FarmCelery("farm", broker=settings.redis_url, set_as_current=False)
     app.conf.update(
+        broker_transport=REDIS_TRANSPORT,
         task_serializer="json",
         accept_content=["json"],
         task_ignore_result=True,

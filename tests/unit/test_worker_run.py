@@ -74,3 +74,23 @@ def test_one_worker_process_sweeps_per_interval(redis_url, redis_client):
     finally:
         for rt in runtimes:
             rt.close()
+
+
+def test_broker_channel_reuses_one_redis_client_and_still_delivers(redis_url, redis_client):
+    from farm.config import Settings
+    from farm.constants import Stage, queue_name
+    from farm.worker.app import make_celery_app
+    from farm.worker.enqueue import send_stage
+    from farm.worker.transport import Channel
+
+    app = make_celery_app(Settings(redis={"url": redis_url}))
+    try:
+        with app.connection_for_write() as conn:
+            channel = conn.default_channel
+            assert isinstance(channel, Channel)
+            assert channel._create_client() is channel._create_client()
+        for job_id in (1, 2, 3):
+            send_stage(app, job_id=job_id, stage=Stage.RUN, node="n1", task_id=f"t{job_id}")
+        assert redis_client.llen(queue_name(Stage.RUN, "n1")) == 3
+    finally:
+        app.farm.close()
