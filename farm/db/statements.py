@@ -68,6 +68,12 @@ JOB_COLUMNS = [
         "created_at",
     )
 ]
+#: what a claim hands on of the job row (``claims._granted``): the usual claim returns only
+#: these, as every returned column costs result processing on each claim.
+GRANTED_COLUMNS = [
+    JOBS.c[name]
+    for name in ("id", "batch_id", "type", "node", "seed", "stage_data", "created_at", "outcome", "reason")
+]
 LOCK_JOB = select(*JOB_COLUMNS).where(JOBS.c.id == bindparam("job_id")).with_for_update()
 LOCK_JOB_WITH_TASK = (
     select(*JOB_COLUMNS, GROUPS.c.config, BATCHES.c.sampling)
@@ -155,7 +161,7 @@ def _claim_next(stage: Stage) -> Any:
         update(JOBS)
         .where(JOBS.c.id == bindparam("_job_id"), JOBS.c.state == previous, JOBS.c.stage_done.is_(True))
         .values(values)
-        .returning(*JOB_COLUMNS, _CONFIG_OF_GROUP, *(_TRAJECTORY_OF_JOB if stage is Stage.EVAL else ()))
+        .returning(*GRANTED_COLUMNS, _CONFIG_OF_GROUP, *(_TRAJECTORY_OF_JOB if stage is Stage.EVAL else ()))
     )
 
 
