@@ -48,8 +48,21 @@ def test_postgres_upgrade_downgrade_upgrade(empty_pg: str):
                 " where attrelid = 'trajectories'::regclass and attname = 'token_ids'"
             )
         ).scalar()
+        options = conn.execute(sa.text("select reloptions from pg_class where relname = 'jobs'")).scalar()
+        indexed = conn.execute(
+            sa.text(
+                "select a.attname from pg_index i join pg_attribute a"
+                " on a.attrelid = i.indrelid and a.attnum = any(i.indkey)"
+                " where i.indrelid = 'jobs'::regclass"
+            )
+        ).scalars()
+        indexed_columns = set(indexed)
     engine.dispose()
     assert storage == "e", "token arrays are stored uncompressed out of line"
+    # Claims and completions update jobs in place (HOT) only while no index covers a column
+    # they change, and the page has room for the new version.
+    assert options == ["fillfactor=60"]
+    assert indexed_columns == {"id", "batch_id", "finish_seq", "group_id"}
 
 
 def test_sqlite_upgrade_downgrade_upgrade(tmp_path):
