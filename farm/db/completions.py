@@ -42,7 +42,7 @@ class _Result:
 
 def finishes(stage: Stage, run_result: RunResult | None) -> bool:
     """Whether completing ``stage`` with this result ends the job: EVAL always, RUN when the
-    episode ended without something to score (an agent failure, a cancel)."""
+    episode ended with nothing to score (a cancel, a sandbox that broke: not the policy's doing)."""
     if stage is Stage.RUN:
         return run_result is not None and run_result.outcome not in POLICY_OUTCOMES
     return stage is Stage.EVAL

@@ -71,8 +71,7 @@ JOB_COLUMNS = [
 #: what a claim hands on of the job row (``claims._granted``): the usual claim returns only
 #: these, as every returned column costs result processing on each claim.
 GRANTED_COLUMNS = [
-    JOBS.c[name]
-    for name in ("id", "batch_id", "type", "node", "seed", "stage_data", "created_at", "outcome", "reason")
+    JOBS.c[name] for name in ("id", "batch_id", "type", "node", "seed", "stage_data", "created_at", "outcome", "reason")
 ]
 LOCK_JOB = select(*JOB_COLUMNS).where(JOBS.c.id == bindparam("job_id")).with_for_update()
 LOCK_JOB_WITH_TASK = (

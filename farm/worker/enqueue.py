@@ -1,6 +1,6 @@
 """Sending stages by task name: what the API and the pipeline use (no stage code imported).
 
-Messages are sent with ``declare=[]``: Celery would otherwise declare the queue before every
+Messages are sent with an empty ``declare``: Celery would otherwise declare the queue before every
 message (a kombu ``ensure`` wrapper and an entity copy each time, a tenth of a send's CPU).
 On Redis a message to the default direct exchange goes to the list named by its queue
 whether or not anyone declared it, and workers declare the queues they consume. The argument
