@@ -3,10 +3,13 @@ processes, on the test PostgreSQL database and the test Redis database."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,6 +52,37 @@ def stack_settings(
             "eval_concurrency": 2,
         },
     )
+
+
+@contextlib.contextmanager
+def scripted_stack(
+    data_dir: Path,
+    *,
+    redis_url: str,
+    redis_offset: int,
+    database_url: str,
+    model_dir: Path,
+    node: str,
+    rules: Any,
+) -> Iterator[EmbeddedStack]:
+    """A farm whose built-in backend answers by ``rules`` (scripted mode), on the Redis database
+    ``redis_offset`` past the test one, flushed before and after."""
+    import redis
+
+    base, _, db = redis_url.rpartition("/")
+    url = f"{base}/{(int(db) + redis_offset) % 16}"
+    redis.Redis.from_url(url).flushdb()
+    script = data_dir / "script.json"
+    script.write_text(json.dumps(rules))
+    settings = stack_settings(data_dir, redis_url=url, database_url=database_url, model_dir=model_dir, node=node)
+    settings = settings.model_copy(update={"llm": settings.llm.model_copy(update={"builtin_script": script})})
+    stack = EmbeddedStack(settings, with_flower=False, with_llm=True)
+    stack.start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        redis.Redis.from_url(url).flushdb()
 
 
 @pytest.fixture

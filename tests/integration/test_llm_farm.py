@@ -4,7 +4,6 @@ real workers, the built-in backend over HTTP (as vLLM is used), and backends tha
 from __future__ import annotations
 
 import http.server
-import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from farm.client import FarmClient, to_arrays
 from farm.constants import JobState, Outcome
 from farm.embedded import EmbeddedStack
-from tests.integration.conftest import free_port
+from tests.integration.conftest import free_port, scripted_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -37,23 +36,16 @@ def generate(max_tokens: int = 12, **config) -> dict:
 def llm_stack(
     tmp_path_factory: pytest.TempPathFactory, pg_url: str, redis_url: str, tiny_model_dir: Path
 ) -> Iterator[EmbeddedStack]:
-    from tests.integration.conftest import stack_settings
-
-    base, _, db = redis_url.rpartition("/")
-    url = f"{base}/{(int(db) + 2) % 16}"
-    import redis
-
-    redis.Redis.from_url(url).flushdb()
-    data_dir = tmp_path_factory.mktemp("llm-stack")
-    script = data_dir / "script.json"
-    script.write_text(json.dumps(SCRIPT))
-    settings = stack_settings(data_dir, redis_url=url, database_url=pg_url, model_dir=tiny_model_dir, node="llmnode")
-    settings = settings.model_copy(update={"llm": settings.llm.model_copy(update={"builtin_script": script})})
-    stack = EmbeddedStack(settings, with_flower=False, with_llm=True)
-    stack.start()
-    yield stack
-    stack.stop()
-    redis.Redis.from_url(url).flushdb()
+    with scripted_stack(
+        tmp_path_factory.mktemp("llm-stack"),
+        redis_url=redis_url,
+        redis_offset=2,
+        database_url=pg_url,
+        model_dir=tiny_model_dir,
+        node="llmnode",
+        rules=SCRIPT,
+    ) as stack:
+        yield stack
 
 
 @pytest.fixture

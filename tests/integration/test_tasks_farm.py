@@ -3,7 +3,6 @@ sandboxes, the built-in backend over HTTP, trajectories read back through the cl
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -25,6 +24,7 @@ from tasks.code.dataset import list_problems as code_problems
 from tasks.harbor.dataset import EXAMPLES_DIR
 from tasks.math.dataset import list_problems as math_problems
 from tasks.swe.dataset import instances_by_id
+from tests.integration.conftest import scripted_stack
 from tests.integration.sandbox.conftest import require_bwrap
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -34,24 +34,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 def tasks_stack(
     tmp_path_factory: pytest.TempPathFactory, pg_url: str, redis_url: str, tiny_model_dir: Path
 ) -> Iterator[EmbeddedStack]:
-    import redis
-
-    from tests.integration.conftest import stack_settings
-
     require_bwrap()
-    base, _, db = redis_url.rpartition("/")
-    url = f"{base}/{(int(db) + 3) % 16}"
-    redis.Redis.from_url(url).flushdb()
     data_dir = tmp_path_factory.mktemp("tasks-stack")
-    settings = stack_settings(data_dir, redis_url=url, database_url=pg_url, model_dir=tiny_model_dir, node="tasksnode")
-    script = data_dir / "script.json"
-    script.write_text(json.dumps(scripted_rules(data_dir)))
-    settings = settings.model_copy(update={"llm": settings.llm.model_copy(update={"builtin_script": script})})
-    stack = EmbeddedStack(settings, with_flower=False, with_llm=True)
-    stack.start()
-    yield stack
-    stack.stop()
-    redis.Redis.from_url(url).flushdb()
+    with scripted_stack(
+        data_dir,
+        redis_url=redis_url,
+        redis_offset=3,
+        database_url=pg_url,
+        model_dir=tiny_model_dir,
+        node="tasksnode",
+        rules=scripted_rules(data_dir),
+    ) as stack:
+        yield stack
 
 
 SOLVED_INSTANCE, FAILED_INSTANCE = "rollout-farm__intervals-1", "rollout-farm__lrucache-1"
