@@ -18,6 +18,10 @@ def make_engine(settings: Settings, *, url: str | None = None) -> Engine:
     url = url or settings.database_url
     if url.startswith("sqlite"):
         return _sqlite_engine(url, settings)
+    return _postgres_engine(url, settings)
+
+
+def _postgres_engine(url: str, settings: Settings, **options: Any) -> Engine:
     return create_engine(
         url,
         echo=settings.database.echo,
@@ -26,6 +30,7 @@ def make_engine(settings: Settings, *, url: str | None = None) -> Engine:
         # No pre-ping round trip per checkout: a dead connection fails its statement, the pool
         # drops every connection of that generation, and the stage (or the API client) retries.
         pool_pre_ping=settings.database.pool_pre_ping,
+        **options,
     )
 
 
@@ -40,12 +45,9 @@ def make_autocommit_engine(settings: Settings, *, url: str | None = None, durabl
     url = url or settings.database_url
     if url.startswith("sqlite"):
         return None
-    return create_engine(
+    return _postgres_engine(
         url,
-        echo=settings.database.echo,
-        pool_size=settings.database.pool_size,
-        max_overflow=settings.database.pool_size,
-        pool_pre_ping=settings.database.pool_pre_ping,
+        settings,
         isolation_level="AUTOCOMMIT",
         connect_args={} if durable else {"options": "-c synchronous_commit=off"},
     )
