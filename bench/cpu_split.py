@@ -11,7 +11,6 @@ a shared machine, so compare splits taken in the same run, not across runs.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from collections import Counter
@@ -22,7 +21,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import emit  # noqa: E402
-from bench.overhead import farm_side  # noqa: E402
+from bench.overhead import farm_side, round_arguments  # noqa: E402
 
 #: a process's part of the stack, from its command line.
 PARTS = (
@@ -60,11 +59,7 @@ def cpu_by_part() -> Counter[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=600)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = round_arguments(__doc__)
     splits: list[dict[str, float]] = []
     rates: list[float] = []
     with farm_side(args.concurrency) as farm:

@@ -137,12 +137,17 @@ def bare_side(concurrency: int) -> Iterator[Round]:
                 w.wait(timeout=20)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def round_arguments(doc: str) -> argparse.Namespace:
+    """``--jobs``, ``--concurrency`` and ``--rounds`` of the no-op job benchmarks."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=600)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = round_arguments(__doc__)
     bare_rates: list[float] = []
     farm_rates: list[float] = []
     with bare_side(args.concurrency) as bare, farm_side(args.concurrency) as farm:
