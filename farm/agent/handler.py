@@ -59,7 +59,7 @@ class AgentHandler(TaskHandler[ConfigT]):
 
     def messages(self, config: ConfigT, state: dict[str, Any], specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The first messages (system with ``specs`` described, then the task)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must give the first messages of its task")
 
     def budgets(self, config: ConfigT) -> Budgets:
         """From the config's ``max_turns``, ``max_episode_tokens`` and ``time_limit_s`` where it has them."""
