@@ -147,14 +147,15 @@ def _complete(rt: FarmRuntime, claim: claims.Claim, worker: str, results: dict[s
     waiting for the disk only if it finishes the job; anything else (an attempt this worker no
     longer holds as claimed, SQLite) in a transaction."""
     now = utcnow()
+    owed_until = now + timedelta(seconds=rt.settings.worker.lease_s)
     durable = completions.finishes(claim.stage, results.get("run_result"))
     if (autocommit := rt.autocommit(durable=durable)) is not None:
         with autocommit.connect() as conn:
-            done = completions.complete_next(conn, claim, worker=worker, now=now, **results)
+            done = completions.complete_next(conn, claim, worker=worker, now=now, owed_until=owed_until, **results)
         if done is not None:
             return done
     with rt.engine.begin() as session:
-        return completions.complete_stage(session, claim, worker=worker, now=now, **results)
+        return completions.complete_stage(session, claim, worker=worker, now=now, owed_until=owed_until, **results)
 
 
 def _call_stage(

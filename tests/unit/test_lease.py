@@ -27,7 +27,7 @@ def _setup(sqlite_url: str):
     sessions = make_session_factory(engine)
     request = BatchCreate(tasks=[{"type": "echo", "config": {"text": "x"}}], group_size=2)
     with transaction(sessions) as s:
-        _, ids = queries.create_batch(s, request, idempotency_key=None, digest="d", now=utcnow())
+        _, ids = queries.create_batch(s, request, idempotency_key=None, digest="d", now=utcnow(), owed_until=utcnow())
     for job_id in ids:
         with engine.begin() as conn:
             claims.claim_stage(

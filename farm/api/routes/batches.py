@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
@@ -53,7 +54,11 @@ def _submit(state: AppState, request: BatchCreate, key: str | None) -> tuple[Bat
         with transaction(state.sessions) as session:
             batch = queries.find_batch_by_key(session, key, digest) if key else None
             if batch is None:
-                batch, _ = queries.create_batch(session, request, idempotency_key=key, digest=digest, now=utcnow())
+                now = utcnow()
+                owed_until = now + timedelta(seconds=state.settings.worker.lease_s)
+                batch, _ = queries.create_batch(
+                    session, request, idempotency_key=key, digest=digest, now=now, owed_until=owed_until
+                )
                 created = True
             batch_id, enqueued = batch.id, batch.enqueued_at is not None
     except IntegrityError:

@@ -1,0 +1,47 @@
+"""owed stages carry their resend time; nodes report signs of life; jobs count node-loss restarts
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-11-22 23:30:00.000000
+
+A job whose next stage is owed (``stage_done`` and not final) now keeps in ``lease_until`` the
+time its message is sent again if nobody claimed it (``farm.worker.reconciler``). Jobs owed a
+stage at upgrade time get "now": the reconciler re-sends them at once (a duplicate of a message
+still in the queue is harmless). ``nodes`` holds each node's last sign of life, for node loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+from farm.db.base import UTCDateTime
+
+revision: str = "0004"
+down_revision: str | None = "0003"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "nodes",
+        sa.Column("name", sa.String(length=200), nullable=False),
+        sa.Column("seen_at", UTCDateTime(), nullable=False),
+        sa.Column("beating_since", UTCDateTime(), nullable=False),
+        sa.Column("lost_at", UTCDateTime(), nullable=True),
+        sa.PrimaryKeyConstraint("name", name=op.f("pk_nodes")),
+    )
+    op.add_column("jobs", sa.Column("restarts", sa.Integer(), server_default="0", nullable=False))
+    op.execute(
+        "UPDATE jobs SET lease_until = CURRENT_TIMESTAMP "
+        "WHERE stage_done AND state IN ('queued', 'init', 'run') AND lease_until IS NULL"
+    )
+
+
+def downgrade() -> None:
+    op.execute("UPDATE jobs SET lease_until = NULL WHERE stage_done AND state IN ('queued', 'init', 'run')")
+    op.drop_column("jobs", "restarts")
+    op.drop_table("nodes")
