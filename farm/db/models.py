@@ -151,6 +151,20 @@ class Node(Base):
     lost_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+class LLMBackend(Base):
+    """A registered LLM backend: the balancer's set in Redis is rebuilt from these rows when
+    Redis comes back empty (load and health are live figures and stay in Redis)."""
+
+    __tablename__ = "backends"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    url: Mapped[str] = mapped_column(String(2000))
+    kind: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str | None] = mapped_column(String(500))
+    capacity: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class StageRun(Base):
     """One finished attempt at one stage of a job: who ran it, when, and how it ended. The
     attempt in progress has no row yet; the job view shows it from the job row."""

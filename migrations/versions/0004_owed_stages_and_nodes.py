@@ -1,4 +1,5 @@
-"""owed stages carry their resend time; nodes report signs of life; jobs count node-loss restarts
+"""owed stages carry their resend time; nodes report signs of life; jobs count node-loss restarts;
+LLM backends are registered in the database
 
 Revision ID: 0004
 Revises: 0003
@@ -7,7 +8,8 @@ Create Date: 2026-11-22 23:30:00.000000
 A job whose next stage is owed (``stage_done`` and not final) now keeps in ``lease_until`` the
 time its message is sent again if nobody claimed it (``farm.worker.reconciler``). Jobs owed a
 stage at upgrade time get "now": the reconciler re-sends them at once (a duplicate of a message
-still in the queue is harmless). ``nodes`` holds each node's last sign of life, for node loss.
+still in the queue is harmless). ``nodes`` holds each node's last sign of life, for node loss; ``backends`` the registered LLM
+backends, from which the balancer's set in Redis is rebuilt when Redis comes back empty.
 """
 
 from __future__ import annotations
@@ -34,6 +36,16 @@ def upgrade() -> None:
         sa.Column("lost_at", UTCDateTime(), nullable=True),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_nodes")),
     )
+    op.create_table(
+        "backends",
+        sa.Column("id", sa.String(length=200), nullable=False),
+        sa.Column("url", sa.String(length=2000), nullable=False),
+        sa.Column("kind", sa.String(length=32), nullable=False),
+        sa.Column("model", sa.String(length=500), nullable=True),
+        sa.Column("capacity", sa.Integer(), nullable=False),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_backends")),
+    )
     op.add_column("jobs", sa.Column("restarts", sa.Integer(), server_default="0", nullable=False))
     op.execute(
         "UPDATE jobs SET lease_until = CURRENT_TIMESTAMP "
@@ -44,4 +56,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("UPDATE jobs SET lease_until = NULL WHERE stage_done AND state IN ('queued', 'init', 'run')")
     op.drop_column("jobs", "restarts")
+    op.drop_table("backends")
     op.drop_table("nodes")
