@@ -151,6 +151,20 @@ class Node(Base):
     lost_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+class Teardown(Base):
+    """A teardown the farm owes: a job ended (cancelled) while its sandbox was on ``node``.
+    Written by the commit that ends the job, deleted when a worker on the node has torn it down;
+    until then the reconciler sends the job's stage message to the node again at ``due_at``."""
+
+    __tablename__ = "teardowns"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    node: Mapped[str] = mapped_column(String(200))
+    #: the stage whose message reaches the node (its claim finds the job ended and tears down).
+    stage: Mapped[Stage] = mapped_column(_enum(Stage))
+    due_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 class LLMBackend(Base):
     """A registered LLM backend: the balancer's set in Redis is rebuilt from these rows when
     Redis comes back empty (load and health are live figures and stay in Redis)."""

@@ -19,7 +19,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from farm.constants import BatchState, JobState, Outcome, StageStatus
-from farm.db import attempts, jobrows
+from farm.db import attempts, jobrows, teardowns
 from farm.db import statements as sql
 from farm.db.models import Batch, Job, Node
 
@@ -124,5 +124,6 @@ def hand_on(
             reason = why if not restart else f"{why} (started over {job.restarts} times already)"
             jobrows.finish(conn, job, JobState.FAILED, now=now, outcome=Outcome.INFRA_ERROR, reason=reason)
             out.failed += 1
+    teardowns.drop_node(conn, node)
     conn.execute(update(Node).where(Node.name == node).values(lost_at=now))
     return out

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from celery import Celery
 
 from farm.constants import Stage, batch_events_channel, epoch_key, queue_name
-from farm.db import nodes, owed
+from farm.db import nodes, owed, teardowns
 from farm.db.base import utcnow
 from farm.worker.app import FarmRuntime
 from farm.worker.enqueue import send_many
@@ -75,7 +75,27 @@ class Reconciler:
             if messages:
                 sent += send_many(self._app, messages)
             if chunk < RESEND_CHUNK:
-                return sent
+                break
+        return sent + self._resend_teardowns(before=before, postpone_to=utcnow() + lease, look=not everything)
+
+    def _resend_teardowns(self, *, before: datetime, postpone_to: datetime, look: bool) -> int:
+        """Teardowns still owed past their time: the stage message goes to the node again (its
+        claim finds the job ended and tears the sandbox down), unless one already waits there."""
+        with self._rt.engine.begin() as conn:
+            due = teardowns.due(conn, before=before, limit=RESEND_CHUNK)
+            waiting: dict[str, set[int]] = {}
+            messages: list[tuple[int, Stage, str | None, str | None]] = []
+            for item in due:
+                queue = queue_name(item.stage, item.node)
+                if look and queue not in waiting:
+                    waiting[queue] = waiting_jobs(self._rt.redis, queue)
+                if item.job_id not in waiting.get(queue, set()):
+                    messages.append((item.job_id, item.stage, item.node, None))
+            teardowns.postpone(conn, [item.job_id for item in due], until=postpone_to)
+        if messages:
+            log.warning("%d teardown(s) of cancelled jobs still owed: sending again", len(messages))
+            send_many(self._app, messages)
+        return len(messages)
 
     def _resend_chunk(
         self, *, before: datetime, postpone_to: datetime, look: bool

@@ -16,7 +16,7 @@ from farm.config import Settings
 from farm.constants import JobState, Outcome, epoch_key
 from farm.db import queries
 from farm.db.base import utcnow
-from farm.db.models import Job, Trajectory
+from farm.db.models import Job, Teardown, Trajectory
 from farm.db.session import transaction
 from farm.embedded import EmbeddedStack
 from farm.schemas import BatchCreate
@@ -130,4 +130,29 @@ def test_redis_emptied_mid_batch_loses_no_job(own_pg_url: str, make_stack):
         client_redis.flushdb()
         # then each job still ends exactly once.
         _assert_each_job_ended_once(client, batch.id, batch.job_ids, own_pg_url)
+    client_redis.close()
+
+
+def test_teardowns_a_cancel_owes_are_paid_even_when_their_messages_were_lost(own_pg_url: str, make_stack):
+    stack: EmbeddedStack = make_stack(database=own_pg_url, run_concurrency=1)
+    client_redis = redis.Redis.from_url(stack.settings.redis_url)
+    run_queue = f"run.{stack.settings.worker.node}"
+    engine = create_engine(own_pg_url)
+
+    def owed() -> int:
+        with engine.connect() as conn:
+            return int(conn.scalar(select(func.count()).select_from(Teardown)))
+
+    with FarmClient(stack.settings.api_url, token="e2e-token") as client:
+        # Given jobs past INIT whose RUN messages wait behind one busy RUN slot,
+        tasks = [{"type": "echo", "config": {"text": f"t{i}", "sleep_s": {"run": 2.0}}} for i in range(8)]
+        batch = client.submit(tasks)
+        wait_until(lambda: client_redis.llen(run_queue) >= 3, timeout_s=60, what="RUN messages waiting")
+        # when the batch is cancelled and the waiting messages are lost,
+        client.cancel(batch.id)
+        assert owed() >= 3
+        client_redis.delete(run_queue)
+        # then the reconciler sends them to the node again, whose claims tear down and pay the debt.
+        wait_until(lambda: owed() == 0, timeout_s=60, what="every owed teardown done")
+    engine.dispose()
     client_redis.close()

@@ -55,7 +55,7 @@ def test_lost_lease_reads_as_cancelled(sqlite_url):
     with renewer.hold(job_id=a, batch_id=1, stage=Stage.INIT, worker="w", deadline=time.monotonic() + 60) as lease:
         assert not lease.is_cancelled()
         with transaction(sessions) as s:
-            lifecycle.cancel_batch(s.connection(), batch_id=1, now=utcnow())
+            lifecycle.cancel_batch(s.connection(), batch_id=1, now=utcnow(), teardown_due=utcnow())
         renewer.renew_once()
         assert lease.lost and lease.is_cancelled()
     engine.dispose()

@@ -164,7 +164,7 @@ def test_cancel_batch_cancels_unfinished_jobs_and_revokes_only_queued(sessions):
         complete(sessions, claim(sessions, a, stage))
     running = claim(sessions, b, Stage.INIT)  # b is running INIT
     with transaction(sessions) as s:
-        revoked = lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow())
+        revoked = lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow(), teardown_due=utcnow())
     assert len(revoked) == 2  # c and d were still queued
     assert job(sessions, a).state is JobState.DONE
     for j in (b, c, d):
@@ -315,7 +315,7 @@ def test_cancel_records_the_running_attempt_as_cancelled(sessions):
     batch_id, (job_id, _) = make_batch(sessions)
     running = claim(sessions, job_id, Stage.INIT, worker="w1")
     with transaction(sessions) as s:
-        lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow())
+        lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow(), teardown_due=utcnow())
     assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.CANCELLED, "w1")]
     assert complete(sessions, running).reason == "cancelled"
     assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.CANCELLED, "w1")]

@@ -1,4 +1,5 @@
-"""What the farm owes a job, and lost nodes, against both databases (``farm.db.owed``, ``farm.db.nodes``)."""
+"""What the farm owes a job (its next stage, a teardown) and lost nodes, against both databases
+(``farm.db.owed``, ``farm.db.teardowns``, ``farm.db.nodes``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import pytest
 from sqlalchemy import delete, select
 
 from farm.constants import JobState, Outcome, Stage, StageStatus
-from farm.db import nodes, owed
+from farm.db import lifecycle, nodes, owed, teardowns
 from farm.db.base import utcnow
-from farm.db.models import Job, Node, StageRun
+from farm.db.models import Job, Node, StageRun, Teardown
 from farm.db.session import transaction
 from tests.unit.test_lifecycle import claim, complete, job, make_batch
 
@@ -170,3 +171,34 @@ def test_a_lost_nodes_jobs_fail_as_infra_error_when_told_or_after_too_many_resta
     complete(sessions, claim(sessions, third, Stage.INIT))
     out = hand_on(sessions, restart=True, max_restarts=0)
     assert out.failed >= 1 and job(sessions, third).state is JobState.FAILED
+
+
+def owed_teardowns(sessions, job_ids) -> dict[int, tuple[str, Stage]]:
+    with sessions() as s:
+        rows = s.execute(select(Teardown).where(Teardown.job_id.in_(job_ids))).scalars()
+        return {row.job_id: (row.node, row.stage) for row in rows}
+
+
+def test_cancel_owes_a_teardown_on_the_node_of_each_job_past_init(sessions):
+    batch_id, job_ids = make_batch(sessions, group_size=4)
+    in_init, owed_run, in_run, queued = job_ids
+    claim(sessions, in_init, Stage.INIT)
+    complete(sessions, claim(sessions, owed_run, Stage.INIT))
+    complete(sessions, claim(sessions, in_run, Stage.INIT))
+    claim(sessions, in_run, Stage.RUN)
+    with transaction(sessions) as s:
+        lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow(), teardown_due=utcnow())
+    # The stage whose message reaches the node's queue: RUN for INIT and RUN, nothing for a queued job.
+    assert owed_teardowns(sessions, job_ids) == {
+        in_init: ("n1", Stage.RUN),
+        owed_run: ("n1", Stage.RUN),
+        in_run: ("n1", Stage.RUN),
+    }
+    with transaction(sessions) as s:
+        due = teardowns.due(s.connection(), before=utcnow() + timedelta(seconds=1), limit=100_000)
+        teardowns.postpone(s.connection(), [in_init], until=utcnow() + timedelta(seconds=60))
+        teardowns.settle(s.connection(), owed_run)
+    assert {in_init, owed_run, in_run} <= {t.job_id for t in due}
+    with transaction(sessions) as s:
+        still = {t.job_id for t in teardowns.due(s.connection(), before=utcnow() + timedelta(seconds=1))}
+    assert in_run in still and in_init not in still and owed_run not in still

@@ -168,7 +168,13 @@ def cancel_batch(batch_id: int, state: State) -> BatchStatus:
     Cancelling a finished batch changes nothing and returns its status."""
     with transaction(state.sessions) as session:
         queries.get_batch(session, batch_id)
-        task_ids = lifecycle.cancel_batch(session.connection(), batch_id=batch_id, now=utcnow())
+        now = utcnow()
+        task_ids = lifecycle.cancel_batch(
+            session.connection(),
+            batch_id=batch_id,
+            now=now,
+            teardown_due=now + timedelta(seconds=state.settings.worker.lease_s),
+        )
     state.redis.set(batch_cancel_key(batch_id), 1, ex=CANCEL_FLAG_TTL_S)
     revoke(state.celery, task_ids)
     state.redis.publish(batch_events_channel(batch_id), "cancelled")
