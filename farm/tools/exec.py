@@ -93,6 +93,8 @@ def run_command(
                     if buf.over_limit:
                         limit_hit = True
                         break
+                    if proc.poll() is not None:
+                        break  # exited: a child that left its group may keep the pipe full forever
             elif proc.poll() is not None:
                 break  # exited; a background child may still hold the pipe
     finally:
