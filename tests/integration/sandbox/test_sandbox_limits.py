@@ -323,3 +323,22 @@ def test_get_file_refuses_devices_and_fifos(sandbox: ServerSandbox) -> None:
         with pytest.raises(SandboxError, match="not a regular file"):
             sandbox.get_file(name)
     assert sandbox.tools().bash("echo alive").output == "alive\n"
+
+
+def test_disk_quota_busy_on_the_host_is_detached_and_freed_when_released(quota_sandbox: ServerSandbox) -> None:
+    # Given a host process (here: this test) holding a file open on the sandbox's file system,
+    sandbox = quota_sandbox
+    image = str(Path(sandbox.record.dir) / IMAGE_FILE)
+    held = open(sandbox.host_workspace / "held.txt", "w")  # noqa: SIM115 - held across close() on purpose
+    try:
+        # When the sandbox is closed, the mount is detached anyway and the files go,
+        sandbox.close()
+        assert not _mounted(sandbox.fs)
+        assert not Path(sandbox.record.dir).exists()
+    finally:
+        held.close()
+    # and the loop device goes with the last reference.
+    deadline = time.monotonic() + 10
+    while image in _loop_backing_files():
+        assert time.monotonic() < deadline, "the loop device outlived the last open file"
+        time.sleep(0.05)
