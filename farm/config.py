@@ -140,6 +140,13 @@ class SandboxSettings(BaseModel):
     tool_timeout_s: float = 60.0
     #: output kept per tool call (head and tail, middle cut).
     output_cap_bytes: int = 16 * 1024
+    #: bytes one tool call may print before it is stopped (the reply still keeps head and tail).
+    output_limit_bytes: int = 64 * 1024 * 1024
+    #: disk quota of a sandbox's workspace, /tmp and logs together (MiB); 0 or ``None``: unlimited.
+    disk_mb: int | None = 4096
+    #: ``auto``: a loop-mounted ext4 image when this process may mount (root), else ``rlimit``;
+    #: ``loop``: refuse to start a sandbox without it; ``rlimit``: RLIMIT_FSIZE (per file only).
+    disk_quota: Literal["auto", "loop", "rlimit"] = "auto"
     #: how long the execution server may take to come up.
     start_timeout_s: float = 30.0
     #: limits via cgroups (needed for process counts as root); falls back to rlimits when not writable.

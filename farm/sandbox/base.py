@@ -42,6 +42,8 @@ class Limits(BaseModel):
     wall_time_s: float | None = None
     #: CPU share (cgroup quota), e.g. 1.5 cores.
     cpus: float | None = None
+    #: disk quota of the workspace, /tmp and logs together (see ``SandboxSettings.disk_quota``).
+    disk_mb: int | None = None
 
 
 class SandboxSpec(BaseModel):
@@ -58,9 +60,10 @@ class SandboxSpec(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     network: bool = False
     env: dict[str, str] = Field(default_factory=dict)
-    #: per-call tool timeout and output cap; None takes the settings' defaults.
+    #: per-call tool timeout, output kept and output allowed; None takes the settings' defaults.
     tool_timeout_s: float | None = None
     output_cap_bytes: int | None = None
+    output_limit_bytes: int | None = None
     #: free-form label stored in the registry record (e.g. the job id) for operators.
     label: str = ""
 

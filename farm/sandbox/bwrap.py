@@ -160,7 +160,7 @@ class BwrapSandbox(ServerSandbox):
             argv = bwrap_argv(
                 bwrap=bwrap,
                 spec=spec,
-                sandbox_dir=Path(self.record.dir),
+                sandbox_dir=self.fs,
                 system_dirs=self.settings.bwrap_system_dirs,
                 python_dirs=_python_dirs(),
                 farm_source=FARM_SOURCE_DIR,

@@ -7,6 +7,7 @@ sandbox created by an INIT worker is used by a RUN worker through :meth:`ServerS
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Any
 from farm.config import SandboxSettings
 from farm.errors import SandboxError, SandboxUnavailable
 from farm.sandbox.base import ExecResult, SandboxSpec, Snapshot
+from farm.sandbox.disk import DiskQuotaUnavailable, fs_dir, make_loop_fs
 from farm.sandbox.procs import CgroupEvents, Cgroups, ProcRef
 from farm.sandbox.registry import Registry, SandboxRecord
 from farm.tools.base import ToolResult
@@ -45,7 +47,7 @@ def server_pythonpath(farm_lib: str) -> str:
 def resolved_limits(spec: SandboxSpec, settings: SandboxSettings) -> dict[str, Any]:
     """Spec limits over settings defaults; 0 means unlimited (None)."""
     out: dict[str, Any] = {}
-    for name in ("memory_mb", "pids", "cpu_time_s", "wall_time_s", "cpus"):
+    for name in ("memory_mb", "pids", "cpu_time_s", "wall_time_s", "cpus", "disk_mb"):
         value = getattr(spec.limits, name)
         value = getattr(settings, name) if value is None else value
         out[name] = value or None
@@ -64,7 +66,9 @@ class ServerSandbox:
         self.settings = settings
         self.id = record.id
         self.workdir = record.workdir
-        self.host_workspace = Path(record.dir) / "workspace"
+        #: everything the sandbox writes: workspace, tmp, run (socket dir), server.log; the quota's file system.
+        self.fs = fs_dir(Path(record.dir))
+        self.host_workspace = self.fs / "workspace"
         self._popen: subprocess.Popen[bytes] | None = None
         self._client: ToolClient | None = None
         self._cgroups = Cgroups({k: Path(v) for k, v in record.cgroups.items()})
@@ -90,7 +94,7 @@ class ServerSandbox:
             driver=cls.driver,
             dir=str(sdir),
             owner=owner,
-            socket_path=str(sdir / "run" / "server.sock"),
+            socket_path=str(fs_dir(sdir) / "run" / "server.sock"),
             workdir=cls._workdir(spec, sdir),
             deadline=time.time() + limits["wall_time_s"] if limits["wall_time_s"] else None,
             label=spec.label,
@@ -112,14 +116,24 @@ class ServerSandbox:
 
     def _prepare(self, spec: SandboxSpec, limits: dict[str, Any]) -> None:
         sdir = Path(self.record.dir)
-        for sub in ("workspace", "tmp", "run", "snapshots"):
-            (sdir / sub).mkdir(parents=True, exist_ok=True)
-        if spec.workspace is not None:
-            shutil.copytree(spec.workspace, self.host_workspace, symlinks=True, dirs_exist_ok=True)
-        if spec.snapshot is not None:
-            _extract(spec.snapshot, self.host_workspace)
+        (sdir / "snapshots").mkdir(parents=True, exist_ok=True)
+        self._prepare_disk(limits["disk_mb"])
+        for sub in ("workspace", "tmp", "run"):
+            (self.fs / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            if spec.workspace is not None:
+                shutil.copytree(spec.workspace, self.host_workspace, symlinks=True, dirs_exist_ok=True)
+            if spec.snapshot is not None:
+                _extract(spec.snapshot, self.host_workspace)
+        except OSError as exc:
+            if not _out_of_space(exc):
+                raise
+            raise SandboxUnavailable(
+                f"the workspace does not fit the disk quota of {limits['disk_mb']} MiB: raise limits.disk_mb",
+                sandbox_id=self.id,
+            ) from exc
         for sub in ("workspace", "tmp", "run"):  # what the sandbox's user writes; the rest stays ours
-            self._chown_tree(sdir / sub)
+            self._chown_tree(self.fs / sub)
         if self.settings.use_cgroups:
             try:
                 self._cgroups = Cgroups.create(
@@ -132,6 +146,25 @@ class ServerSandbox:
             except OSError as exc:
                 log.warning("sandbox %s: cgroups not writable (%s): limits fall back to rlimits", self.id, exc)
         self.record.cgroups = {k: str(v) for k, v in self._cgroups.dirs.items()}
+        self.registry.save(self.record)
+
+    def _prepare_disk(self, disk_mb: int | None) -> None:
+        """Make ``self.fs`` the quota'd file system (or a plain directory) and record how."""
+        mode = self.settings.disk_quota
+        if disk_mb and mode != "rlimit":
+            try:
+                make_loop_fs(Path(self.record.dir), size_mb=disk_mb)
+                self.record.disk_quota = "loop"
+            except DiskQuotaUnavailable as exc:
+                if mode == "loop":
+                    raise SandboxUnavailable(
+                        f"disk_quota='loop' but no loop-mounted file system can be made here: {exc}",
+                        sandbox_id=self.id,
+                    ) from exc
+                log.warning("sandbox %s: %s; the disk quota falls back to a per-file size limit", self.id, exc)
+        if disk_mb and not self.record.disk_quota:
+            self.record.disk_quota = "rlimit"
+        self.fs.mkdir(parents=True, exist_ok=True)
         self.registry.save(self.record)
 
     def _sandbox_ids(self) -> tuple[int, int] | None:
@@ -153,6 +186,9 @@ class ServerSandbox:
             "workspace": self.workdir,
             "env": self._tool_env(spec),
             "output_cap_bytes": spec.output_cap_bytes or self.settings.output_cap_bytes,
+            "output_limit_bytes": spec.output_limit_bytes or self.settings.output_limit_bytes,
+            # Without a mounted quota, each file a sandbox process writes is capped at the quota instead.
+            "fsize_bytes": limits["disk_mb"] * 1024 * 1024 if self.record.disk_quota == "rlimit" else None,
             "tool_timeout_s": spec.tool_timeout_s or self.settings.tool_timeout_s,
             "cpu_time_s": limits["cpu_time_s"],
             "deadline": self.record.deadline,
@@ -184,8 +220,9 @@ class ServerSandbox:
             time.sleep(_READY_POLL_S)
 
     def _log_path(self) -> Path:
-        # Outside the sandbox dir's bound parts, so the agent cannot forge it.
-        return Path(self.record.dir) / "server.log"
+        # Outside the parts bound into the sandbox (the agent cannot forge it), inside the quota
+        # (a process writing to the server's stdout through /proc fills the sandbox's disk, not the host's).
+        return self.fs / "server.log"
 
     def _log_tail(self) -> str:
         try:
@@ -286,7 +323,7 @@ class ServerSandbox:
         # Unpacked by a command inside the sandbox, as its user: a symlink an agent process plants
         # meanwhile can only lead to what the sandbox itself may write.
         name = f"restore-{uuid.uuid4().hex}.tar"
-        staged = Path(self.record.dir) / "run" / name
+        staged = self.fs / "run" / name
         shutil.copyfile(path, staged)
         self._chown_tree(staged)
         result = self.run(
@@ -346,6 +383,14 @@ for entry in os.listdir(ws):
 with tarfile.open(archive) as tar:
     tar.extractall(ws, filter="data")
 """
+
+
+def _out_of_space(exc: OSError) -> bool:
+    if exc.errno in (errno.ENOSPC, errno.EFBIG):
+        return True
+    # shutil.copytree gathers per-file failures into one shutil.Error of (src, dst, reason) rows.
+    rows = exc.args[0] if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) else []
+    return any(os.strerror(errno.ENOSPC) in str(row) or os.strerror(errno.EFBIG) in str(row) for row in rows)
 
 
 def _extract(archive: Path, dest: Path) -> None:

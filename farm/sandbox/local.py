@@ -17,6 +17,7 @@ from typing import Any
 
 from farm.sandbox.base import SandboxSpec
 from farm.sandbox.common import FARM_SOURCE_DIR, ServerSandbox, server_pythonpath
+from farm.sandbox.disk import fs_dir
 from farm.sandbox.procs import ProcRef, enter_cgroups_argv
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,10 @@ class LocalSandbox(ServerSandbox):
 
     @classmethod
     def _workdir(cls, spec: SandboxSpec, sdir: Path) -> str:
-        return str(sdir / "workspace")
+        return str(fs_dir(sdir) / "workspace")
 
     def _tool_env(self, spec: SandboxSpec) -> dict[str, str]:
-        tmp = str(Path(self.record.dir) / "tmp")
+        tmp = str(self.fs / "tmp")
         env = {
             "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin",
             "HOME": tmp,

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from farm.sandbox.disk import release_fs
 from farm.sandbox.procs import Cgroups, ProcRef, wait_gone
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class SandboxRecord:
     label: str = ""
     #: a command that stops what the driver started outside our process tree (a Singularity instance).
     stop_argv: list[str] = field(default_factory=list)
+    #: how the disk quota is enforced: ``loop`` (a mounted image), ``rlimit`` (per file) or ``""`` (none).
+    disk_quota: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -113,6 +116,7 @@ class Registry:
                 subprocess.run(record.stop_argv, capture_output=True, timeout=60, check=False)
         wait_gone(record.procs + members, timeout_s=KILL_WAIT_S)
         cgroups.destroy(timeout_s=KILL_WAIT_S)
+        release_fs(Path(record.dir))  # else the image's loop mount would outlive its deleted file
         remove_tree(Path(record.dir))
         self._path(record.id).unlink(missing_ok=True)
         (self.dir / f"{record.id}.lock").unlink(missing_ok=True)

@@ -121,7 +121,7 @@ class SingularitySandbox(ServerSandbox):
             subprocess.run(argv, check=True, capture_output=True, timeout=INSTANCE_START_TIMEOUT_S)
         python_dirs = [] if self.settings.singularity_python else sorted({sys.base_prefix, sys.prefix})
         options = instance_start_options(
-            spec=spec, sandbox_dir=sdir, python_dirs=python_dirs, farm_source=FARM_SOURCE_DIR, overlay=overlay
+            spec=spec, sandbox_dir=self.fs, python_dirs=python_dirs, farm_source=FARM_SOURCE_DIR, overlay=overlay
         )
         # Recorded first: an instance that started but whose start call crashed is still stopped.
         self.record.stop_argv = instance_stop_argv(binary=binary, name=self.instance_name)

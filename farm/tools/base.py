@@ -75,18 +75,25 @@ class OutputBuffer:
     """Keeps the head and the tail of a stream and counts what was dropped in between.
 
     Memory stays bounded whatever a command prints (``yes`` until the timeout), and the
-    tail, where errors and summaries usually are, survives.
+    tail, where errors and summaries usually are, survives. ``limit_bytes`` is the budget a
+    tool checks (``over_limit``) to stop a command that prints without end.
     """
 
-    def __init__(self, *, cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES) -> None:
+    def __init__(self, *, cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES, limit_bytes: int | None = None) -> None:
         self._half = max(cap_bytes // 2, 1)
         self._head = bytearray()
         self._tail = bytearray()
+        self._head_closed = False
+        self.limit = limit_bytes or None
         self.total = 0
+
+    @property
+    def over_limit(self) -> bool:
+        return self.limit is not None and self.total > self.limit
 
     def write(self, data: bytes) -> None:
         self.total += len(data)
-        room = self._half - len(self._head)
+        room = 0 if self._head_closed else self._half - len(self._head)
         if room > 0:
             self._head += data[:room]
             data = data[room:]
@@ -94,6 +101,14 @@ class OutputBuffer:
             self._tail += data
             if len(self._tail) > 2 * self._half:
                 del self._tail[: len(self._tail) - self._half]
+
+    def skip(self, nbytes: int) -> None:
+        """Count ``nbytes`` a producer dropped before they got here (the IPython kernel's own cut)."""
+        if nbytes <= 0:
+            return
+        self.total += nbytes
+        self._head_closed = True
+        self._tail.clear()  # what follows is not contiguous with it: counted as omitted instead
 
     def render(self) -> tuple[str, bool]:
         """Returns (text, truncated)."""
@@ -107,6 +122,17 @@ class OutputBuffer:
             + bytes(tail).decode("utf-8", "replace")
         )
         return text, True
+
+    def annotate(self, info: dict[str, Any]) -> None:
+        """Adds ``output_bytes`` (all that was printed) and ``omitted_bytes`` to a cut result's info."""
+        kept = len(self._head) + min(len(self._tail), self._half)
+        if self.total > kept:
+            info["output_bytes"] = self.total
+            info["omitted_bytes"] = self.total - kept
+
+
+def output_limit_error(limit: int | None) -> str:
+    return f"the output passed the limit of {limit} bytes: the command was stopped"
 
 
 def truncate_text(text: str, *, cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES) -> tuple[str, bool]:

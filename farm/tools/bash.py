@@ -18,10 +18,17 @@ import signal
 import termios
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from ptyprocess import PtyProcess
 
-from farm.tools.base import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TOOL_TIMEOUT_S, OutputBuffer, ToolResult
+from farm.tools.base import (
+    DEFAULT_OUTPUT_CAP_BYTES,
+    DEFAULT_TOOL_TIMEOUT_S,
+    OutputBuffer,
+    ToolResult,
+    output_limit_error,
+)
 
 #: after Ctrl-C, how long the command gets to die before its process group is killed.
 INTERRUPT_GRACE_S = 2.0
@@ -55,12 +62,15 @@ class BashSession:
         cwd: str,
         env: Mapping[str, str] | None = None,
         output_cap_bytes: int = DEFAULT_OUTPUT_CAP_BYTES,
+        output_limit_bytes: int | None = None,
         default_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
         cpu_time_s: int | None = None,
     ) -> None:
         self._cwd = cwd
         self._env = dict(env or {})
         self._cap = output_cap_bytes
+        #: bytes a command may print before it is interrupted (as at a timeout); None: no limit.
+        self._limit = output_limit_bytes
         self._default_timeout_s = default_timeout_s
         self._cpu_time_s = cpu_time_s
         self._tag = secrets.token_hex(4)
@@ -104,7 +114,8 @@ class BashSession:
         os.write(self._proc.fd, text.encode())
 
     def _wait(self, nonce: str, buf: OutputBuffer, deadline: float) -> int | None:
-        """Read into ``buf`` until the sentinel shows; its exit code, or None at the deadline.
+        """Read into ``buf`` until the sentinel shows; its exit code, or None at the deadline
+        or once ``buf`` is over its limit.
 
         Raises:
             EOFError: the shell exited.
@@ -145,14 +156,17 @@ class BashSession:
             if len(pending) > _HOLDBACK_BYTES:
                 buf.write(bytes(pending[:-_HOLDBACK_BYTES]))
                 del pending[:-_HOLDBACK_BYTES]
+                if buf.over_limit:
+                    buf.write(bytes(pending))
+                    return None
 
     def run(self, command: str, *, timeout_s: float | None = None) -> ToolResult:
         """Run ``command`` in the shell; returns its output and exit code, or a timeout flag."""
         timeout_s = self._default_timeout_s if timeout_s is None else timeout_s
-        info: dict[str, object] = {}
+        info: dict[str, Any] = {}
         if self._proc is None:  # a death during a call is seen there (EOF or the liveness poll)
             self._restart(info)
-        buf = OutputBuffer(cap_bytes=self._cap)
+        buf = OutputBuffer(cap_bytes=self._cap, limit_bytes=self._limit)
         nonce = self._nonce()
         try:
             self._write(command.rstrip("\n") + "\n" + self._sentinel_cmd(nonce))
@@ -162,6 +176,7 @@ class BashSession:
         except (EOFError, OSError) as exc:
             self._restart(info)
             text, truncated = buf.render()
+            buf.annotate(info)
             return ToolResult(
                 output=text,
                 exit_code=None,
@@ -170,11 +185,14 @@ class BashSession:
                 info=info,
             )
         text, truncated = buf.render()
+        buf.annotate(info)
         return ToolResult(output=text, exit_code=code, truncated=truncated, info=info)
 
-    def _interrupt(self, buf: OutputBuffer, info: dict[str, object], timeout_s: float) -> ToolResult:
+    def _interrupt(self, buf: OutputBuffer, info: dict[str, Any], timeout_s: float) -> ToolResult:
         # Ctrl-C first, as a person would; the shell survives it because it is interactive.
         assert self._proc is not None
+        limit_hit = buf.over_limit
+        buf.limit = None  # what the interrupted command still prints is drained (and cut), not a new stop
         self._write("\x03")
         time.sleep(_CTRL_C_SETTLE_S)
         nonce = self._nonce()
@@ -194,16 +212,19 @@ class BashSession:
         if code is None:
             self._restart(info)
         text, truncated = buf.render()
+        buf.annotate(info)
+        if limit_hit:
+            info["output_limit_hit"] = True
         return ToolResult(
             output=text,
             exit_code=None,
-            timed_out=True,
-            error=f"timed out after {timeout_s:g} s",
+            timed_out=not limit_hit,
+            error=output_limit_error(self._limit) if limit_hit else f"timed out after {timeout_s:g} s",
             truncated=truncated,
             info=info,
         )
 
-    def _restart(self, info: dict[str, object]) -> None:
+    def _restart(self, info: dict[str, Any]) -> None:
         self.close()
         self._start()
         info["shell_restarted"] = True

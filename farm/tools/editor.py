@@ -8,6 +8,7 @@ several matches, a missing file) come back as ``ToolResult.error``, never as exc
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from farm.tools.base import DEFAULT_OUTPUT_CAP_BYTES, ToolResult, truncate_text
@@ -76,9 +77,11 @@ class Editor:
             raise EditorError(f"no such file: {target}")
         if target.is_dir():
             raise EditorError(f"{target} is a directory")
-        if target.stat().st_size > MAX_FILE_BYTES:
-            raise EditorError(f"{target} is larger than {MAX_FILE_BYTES} bytes; use bash to inspect it")
-        return target.read_text(encoding="utf-8", errors="replace")
+        try:
+            data = read_regular_file(target, max_bytes=MAX_FILE_BYTES)
+        except ValueError as exc:
+            raise EditorError(f"{exc}; use bash to inspect it") from exc
+        return data.decode("utf-8", errors="replace")
 
     def _save(self, target: Path, text: str, *, previous: str | None) -> None:
         target.write_text(text, encoding="utf-8")
@@ -106,7 +109,7 @@ class Editor:
         return "".join(f"{n:>{width}}\t{lines[n - 1]}\n" for n in range(start, end + 1))
 
     def _create(self, target: Path, file_text: str) -> str:
-        previous = target.read_text(encoding="utf-8", errors="replace") if target.is_file() else None
+        previous = self._read(target) if target.is_file() else None  # bounded: kept for undo_edit
         target.parent.mkdir(parents=True, exist_ok=True)
         self._save(target, file_text, previous=previous)
         return f"{'overwrote' if previous is not None else 'created'} {target}\n"
@@ -155,6 +158,26 @@ class Editor:
         lo, hi = max(first - context, 1), min(first + count - 1 + context, len(lines))
         width = len(str(hi))
         return "".join(f"{n:>{width}}\t{lines[n - 1]}\n" for n in range(lo, hi + 1))
+
+
+def read_regular_file(path: Path, *, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``, read in one bounded go.
+
+    A FIFO, a device (``/dev/zero`` behind a planted symlink) or a file still growing would
+    otherwise block the server or read without end.
+
+    Raises:
+        ValueError: not a regular file, or larger than ``max_bytes``.
+        OSError: cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path} is larger than {max_bytes} bytes")
+    return data
 
 
 def _required(value: str | None, name: str) -> str:

@@ -15,9 +15,12 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
-from farm.tools.base import OutputBuffer, ToolResult
+from farm.tools.base import OutputBuffer, ToolResult, output_limit_error
 
 _READ_BYTES = 65536
+#: after the command's group is killed, how long what is left in the pipe is read (a process that
+#: left the group with setsid may still hold the pipe and write without end).
+_DRAIN_S = 0.5
 
 
 def _killpg(pid: int) -> None:
@@ -34,16 +37,20 @@ def run_command(
     env: Mapping[str, str],
     timeout_s: float,
     output_cap_bytes: int,
+    output_limit_bytes: int | None = None,
     cpu_time_s: int | None = None,
 ) -> ToolResult:
-    """Runs ``command`` (a string goes to ``bash -c``) with stdout and stderr merged."""
+    """Runs ``command`` (a string goes to ``bash -c``) with stdout and stderr merged.
+
+    Past ``output_limit_bytes`` of output the command's group is killed and the result says so.
+    """
     argv = ["/bin/bash", "-c", command] if isinstance(command, str) else [str(a) for a in command]
 
     def limit() -> None:
         if cpu_time_s is not None:
             resource.setrlimit(resource.RLIMIT_CPU, (cpu_time_s, cpu_time_s + 1))  # SIGXCPU, then SIGKILL
 
-    buf = OutputBuffer(cap_bytes=output_cap_bytes)
+    buf = OutputBuffer(cap_bytes=output_cap_bytes, limit_bytes=output_limit_bytes)
     try:
         proc = subprocess.Popen(
             argv,
@@ -61,7 +68,7 @@ def run_command(
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
     deadline = time.monotonic() + timeout_s
-    timed_out = False
+    timed_out = limit_hit = False
     try:
         while True:
             remaining = deadline - time.monotonic()
@@ -83,21 +90,38 @@ def run_command(
                     break
                 if chunk:
                     buf.write(chunk)
+                    if buf.over_limit:
+                        limit_hit = True
+                        break
+                    if proc.poll() is not None:
+                        break  # exited: a child that left its group may keep the pipe full forever
             elif proc.poll() is not None:
                 break  # exited; a background child may still hold the pipe
     finally:
         _killpg(proc.pid)
+        drain_until = time.monotonic() + _DRAIN_S
         try:
-            while chunk := os.read(fd, _READ_BYTES):
+            while time.monotonic() < drain_until and (chunk := os.read(fd, _READ_BYTES)):
                 buf.write(chunk)
         except (BlockingIOError, OSError):
             pass
         proc.stdout.close()
         code = proc.wait()
     text, truncated = buf.render()
+    info: dict[str, object] = {}
+    buf.annotate(info)
+    if limit_hit:
+        info["output_limit_hit"] = True
+        error = output_limit_error(output_limit_bytes)
+        return ToolResult(output=text, exit_code=None, error=error, truncated=truncated, info=info)
     if timed_out:
         return ToolResult(
-            output=text, exit_code=None, timed_out=True, error=f"timed out after {timeout_s:g} s", truncated=truncated
+            output=text,
+            exit_code=None,
+            timed_out=True,
+            error=f"timed out after {timeout_s:g} s",
+            truncated=truncated,
+            info=info,
         )
     # A signal death is reported as a shell would: 128 + signal number.
-    return ToolResult(output=text, exit_code=code if code >= 0 else 128 - code, truncated=truncated)
+    return ToolResult(output=text, exit_code=code if code >= 0 else 128 - code, truncated=truncated, info=info)

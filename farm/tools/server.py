@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import resource
 import signal
 import socket
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 
 from farm.tools.base import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TOOL_TIMEOUT_S, ToolResult
 from farm.tools.bash import BashSession
-from farm.tools.editor import Editor
+from farm.tools.editor import Editor, read_regular_file
 from farm.tools.exec import run_command
 from farm.tools.wire import WireError, bind_unix, recv_msg, send_msg
 
@@ -39,6 +40,7 @@ class ExecServer:
         self.workspace = str(config["workspace"])
         self.env: dict[str, str] = {str(k): str(v) for k, v in (config.get("env") or {}).items()}
         self.cap = int(config.get("output_cap_bytes", DEFAULT_OUTPUT_CAP_BYTES))
+        self.limit: int | None = config.get("output_limit_bytes") or None
         self.timeout_s = float(config.get("tool_timeout_s", DEFAULT_TOOL_TIMEOUT_S))
         self.cpu_time_s: int | None = config.get("cpu_time_s")
         self.deadline: float | None = config.get("deadline")
@@ -78,7 +80,11 @@ class ExecServer:
         with self._session_lock(f"bash:{name}"):
             if name not in self._bash:
                 self._bash[name] = BashSession(
-                    cwd=self.workspace, env=self.env, output_cap_bytes=self.cap, cpu_time_s=self.cpu_time_s
+                    cwd=self.workspace,
+                    env=self.env,
+                    output_cap_bytes=self.cap,
+                    output_limit_bytes=self.limit,
+                    cpu_time_s=self.cpu_time_s,
                 )
             return self._bash[name].run(str(args["command"]), timeout_s=self._timeout(args)).to_dict()
 
@@ -87,7 +93,9 @@ class ExecServer:
             if self._ipython is None:
                 from farm.tools.ipython import IPythonSession
 
-                self._ipython = IPythonSession(cwd=self.workspace, env=self.env, output_cap_bytes=self.cap)
+                self._ipython = IPythonSession(
+                    cwd=self.workspace, env=self.env, output_cap_bytes=self.cap, output_limit_bytes=self.limit
+                )
             result: ToolResult = self._ipython.run(str(args["code"]), timeout_s=self._timeout(args))
             return result.to_dict()
 
@@ -104,6 +112,7 @@ class ExecServer:
             env=env,
             timeout_s=self._timeout(args),
             output_cap_bytes=int(args.get("output_cap_bytes") or self.cap),
+            output_limit_bytes=self.limit,
             cpu_time_s=self.cpu_time_s,
         ).to_dict()
 
@@ -122,9 +131,8 @@ class ExecServer:
 
     def _op_get(self, args: dict[str, Any]) -> dict[str, Any]:
         path = self._path(args)
-        if path.stat().st_size > MAX_GET_BYTES:
-            raise ValueError(f"{path} is larger than {MAX_GET_BYTES} bytes")
-        return {"path": str(path), "data": base64.b64encode(path.read_bytes()).decode()}
+        data = read_regular_file(path, max_bytes=MAX_GET_BYTES)
+        return {"path": str(path), "data": base64.b64encode(data).decode()}
 
     def _op_shutdown(self, args: dict[str, Any]) -> dict[str, Any]:
         self._stop.set()
@@ -195,6 +203,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     # The config comes inline (small, and no file in the sandbox the agent could rewrite).
     config = json.loads(argv[0])
+    if config.get("fsize_bytes"):
+        # The disk quota's fallback: no file a sandbox process writes grows past it (EFBIG).
+        limit = int(config["fsize_bytes"])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     server = ExecServer(config)
     signal.signal(signal.SIGTERM, lambda *_: server._stop.set())
     server.serve()

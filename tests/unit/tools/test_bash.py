@@ -100,3 +100,19 @@ def test_bash_survives_terminal_mode_changes(bash: BashSession) -> None:
     result = bash.run("echo x", timeout_s=5)
     assert not result.timed_out and result.exit_code == 0
     assert result.output == "x\r\n"
+
+
+def test_bash_output_limit_stops_an_endless_printer_and_the_shell_lives_on(tmp_path) -> None:
+    session = BashSession(
+        cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin"}, output_cap_bytes=1000, output_limit_bytes=2_000_000
+    )
+    try:
+        result = session.run("export KEEP=1; yes", timeout_s=60)
+        assert result.info["output_limit_hit"] is True and not result.timed_out
+        assert result.exit_code is None and "limit of 2000000 bytes" in (result.error or "")
+        assert result.truncated and len(result.output) < 1100
+        assert result.info["output_bytes"] > 2_000_000
+        after = session.run("echo $KEEP")
+        assert after.output == "1\n" and "shell_restarted" not in after.info
+    finally:
+        session.close()

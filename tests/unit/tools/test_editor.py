@@ -85,3 +85,14 @@ def test_editor_bad_requests_are_data(editor: Editor) -> None:
     assert "unknown command" in (editor.run("delete", "f").error or "")
     assert "file_text is required" in (editor.run("create", "f").error or "")
     assert "old_str is required" in (editor.run("str_replace", "f").error or "")
+
+
+def test_editor_refuses_devices_and_fifos_instead_of_reading_forever(editor: Editor, tmp_path) -> None:
+    import os
+
+    (tmp_path / "zero").symlink_to("/dev/zero")  # size 0 by stat, endless by read
+    os.mkfifo(tmp_path / "fifo")  # would block a plain open
+    for name in ("zero", "fifo"):
+        for command in ("view", "str_replace"):
+            result = editor.run(command, name, old_str="a", new_str="b")
+            assert result.exit_code == 1 and "not a regular file" in (result.error or ""), (name, command)

@@ -56,3 +56,24 @@ def test_ipython_kernel_death_is_reported_and_recovered(tmp_path) -> None:
 
 def test_strip_ansi_removes_colour_codes() -> None:
     assert strip_ansi("\x1b[0;31mError\x1b[0m: x") == "Error: x"
+
+
+def test_ipython_kernel_cuts_a_flood_and_the_limit_stops_the_cell(tmp_path) -> None:
+    session = IPythonSession(cwd=str(tmp_path), output_cap_bytes=1000, output_limit_bytes=2_000_000)
+    try:
+        assert session.run("kept = 1").ok
+        flood = session.run("while True: print('z' * 99)", timeout_s=60)
+        assert flood.info["output_limit_hit"] is True and not flood.timed_out and flood.exit_code is None
+        assert flood.truncated and len(flood.output) < 1100 and flood.output.startswith("zzz")
+        assert flood.info["output_bytes"] > 2_000_000
+        # A cut the kernel made is counted like one made here, and the tail survives.
+        lines = session.run("for i in range(100_000): print(i)")
+        assert lines.ok and lines.output.startswith("0\n1\n") and lines.output.endswith("99998\n99999\n")
+        assert lines.info["output_bytes"] == sum(len(f"{i}\n") for i in range(100_000))
+        shell = session.run("import os; os.system('yes')", timeout_s=60)  # a child writing to fd 1
+        assert shell.info["output_limit_hit"] is True
+        big = session.run("'q' * 10_000_000")  # a repr is cut in the kernel, before it is sent
+        assert big.ok and "characters omitted" in big.output and len(big.output) < 1000
+        assert session.run("kept + 1").output == "2\n"
+    finally:
+        session.close()

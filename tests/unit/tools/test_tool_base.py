@@ -44,3 +44,36 @@ def test_tool_result_observation_mentions_failures() -> None:
     assert "partial" in obs and "timed out" in obs
     assert "[exit code 2]" in ToolResult(output="", exit_code=2).to_observation()
     assert ToolResult(output="fine").ok
+
+
+def test_output_buffer_over_limit_only_past_the_limit() -> None:
+    buf = OutputBuffer(cap_bytes=10, limit_bytes=100)
+    buf.write(b"x" * 100)
+    assert not buf.over_limit
+    buf.write(b"x")
+    assert buf.over_limit
+    assert not OutputBuffer(cap_bytes=10).over_limit
+
+
+def test_output_buffer_skip_counts_bytes_cut_upstream_and_keeps_what_follows() -> None:
+    buf = OutputBuffer(cap_bytes=8)
+    buf.write(b"head")
+    buf.write(b"-mid")
+    buf.skip(1000)
+    buf.write(b"tail")
+    text, truncated = buf.render()
+    assert truncated
+    assert text == "head" + "\n[... 1004 bytes of output omitted ...]\n" + "tail"
+
+
+def test_output_buffer_annotate_says_how_much_was_dropped() -> None:
+    buf = OutputBuffer(cap_bytes=10)
+    buf.write(b"y\n" * 1000)
+    info: dict[str, object] = {}
+    buf.annotate(info)
+    assert info == {"output_bytes": 2000, "omitted_bytes": 1990}
+    short = OutputBuffer(cap_bytes=10)
+    short.write(b"ok")
+    info = {}
+    short.annotate(info)
+    assert info == {}
