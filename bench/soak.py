@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import POSTGRES, emit  # noqa: E402
+from bench._common import POSTGRES, emit, libpq_url  # noqa: E402
 from bench.overhead import WARMUP, farm_stack, noop_round  # noqa: E402
 from farm.embedded import EmbeddedStack  # noqa: E402
 from farm.sandbox import sandbox_root  # noqa: E402
@@ -81,10 +81,6 @@ def tree(root: psutil.Process) -> Tree:
             continue
         processes += 1
     return Tree(processes=processes, fds=fds, rss_mb=rss / 2**20)
-
-
-def libpq_url(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 class Sampler:

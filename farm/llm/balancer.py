@@ -86,6 +86,7 @@ class Balancer:
             constants.llm_choice_seq_key(),
             constants.llm_moves_key(),
             constants.llm_backends_key(),
+            constants.llm_last_chosen_key(),
         ]
         self._prefix = constants.llm_backend_key("")
         self._acquire = redis.register_script(lua.ACQUIRE)
