@@ -98,8 +98,9 @@ def seed_batch(url: str, count: int, lo: int, hi: int) -> tuple[int, int]:
 def raw_read(url: str, batch_id: int) -> int:
     """The floor: every trajectory of the batch, its three stored columns into NumPy; returns tokens."""
     tokens = 0
-    with psycopg.connect(libpq_url(url)) as conn:
-        rows = conn.execute(
+    with psycopg.connect(libpq_url(url)) as conn, conn.cursor(binary=True) as cursor:
+        # Binary results: bytea arrives as its bytes (in text format it would arrive hex-encoded).
+        rows = cursor.execute(
             "SELECT t.token_ids, t.logprobs, t.loss_mask FROM trajectories t JOIN jobs j ON j.id = t.job_id"
             " WHERE j.batch_id = %s ORDER BY j.finish_seq",
             (batch_id,),
