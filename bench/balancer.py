@@ -4,8 +4,12 @@
 
 The database is flushed first. The last line is JSON:
 - acquire_release_p50_ms / _p99_ms: one new job's acquire plus its release, one client, sequential.
+- bare_script_p50_ms: the floor, one EVALSHA of a trivial script (``return 1``) on the same Redis
+  from the same client, timed alternately with the pairs so both see the same minutes;
+  ``ratio_to_bare`` is acquire_release_p50_ms over it (target <= 3: a pair is two script calls).
 - acquire_release_per_s: the same, and ``parallel_acquire_release_per_s`` from 4 processes at once.
-- redis_us_per_script: Redis's own time per acquire or release script (INFO commandstats); the rest
+- redis_us_per_script: Redis's own time per acquire or release script (INFO commandstats, over a
+  separate run of pairs, so the bare calls do not count); the rest
   of the client-side figure is the round trip and the client process's scheduling.
 - max_imbalance: max - min in-flight jobs over 8 equal backends, sampled after every acquire while 64
   jobs arrive at random and hold their backend for a random number of turns (exponential durations).
@@ -35,6 +39,7 @@ from farm.llm.balancer import Balancer  # noqa: E402
 REDIS_URL = os.environ.get("FARM_BENCH_REDIS_URL", "redis://127.0.0.1:6379/6")
 BACKENDS = 8
 LATENCY_ROUNDS = 5000
+STATS_ROUNDS = 1000
 PARALLEL_PROCS = 4
 PARALLEL_ROUNDS = 2000
 SIM_EVENTS = 20000
@@ -55,15 +60,22 @@ def evalsha_stats(client: redis.Redis) -> tuple[int, int]:
     return int(stats.get("calls", 0)), int(stats.get("usec", 0))
 
 
-def latency(bal: Balancer) -> tuple[list[float], float]:
-    samples = []
-    start = time.perf_counter()
+def latency(bal: Balancer, client: redis.Redis) -> tuple[list[float], list[float], float]:
+    """(acquire+release ms, bare script call ms, pairs per second)."""
+    bare_sha = client.script_load("return 1")
+    samples, bare = [], []
+    spent = 0.0
     for i in range(LATENCY_ROUNDS):
         t = time.perf_counter()
         bal.acquire(f"lat{i}")
         bal.release(f"lat{i}")
-        samples.append((time.perf_counter() - t) * 1000)
-    return samples, LATENCY_ROUNDS / (time.perf_counter() - start)
+        pair = time.perf_counter() - t
+        spent += pair
+        samples.append(pair * 1000)
+        t = time.perf_counter()
+        client.evalsha(bare_sha, 0)
+        bare.append((time.perf_counter() - t) * 1000)
+    return samples, bare, LATENCY_ROUNDS / spent
 
 
 def _worker(worker: int) -> None:
@@ -114,10 +126,13 @@ def main() -> None:
     client = redis.Redis.from_url(REDIS_URL)
     bal = setup(client)
     before = evalsha_stats(client)
-    samples, per_s = latency(bal)
+    for i in range(STATS_ROUNDS):
+        bal.acquire(f"stats{i}")
+        bal.release(f"stats{i}")
     # Time Redis itself spends per script call: unaffected by how the client process is scheduled.
     after = evalsha_stats(client)
     script_us = round((after[1] - before[1]) / max(1, after[0] - before[0]), 1)
+    samples, bare, per_s = latency(bal, client)
     par_per_s = parallel()
     rng = random.Random(0)
     imbalance, violations = simulate(bal, departures=True, rng=rng)
@@ -127,6 +142,8 @@ def main() -> None:
     result = {
         "acquire_release_p50_ms": round(statistics.median(samples), 4),
         "acquire_release_p99_ms": round(q[98], 4),
+        "bare_script_p50_ms": round(statistics.median(bare), 4),
+        "ratio_to_bare": round(statistics.median(samples) / statistics.median(bare), 2),
         "acquire_release_per_s": round(per_s),
         "redis_us_per_script": script_us,
         "parallel_acquire_release_per_s": round(par_per_s),

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import REDIS, emit, flushed_redis, fresh_database, stack_settings  # noqa: E402
 from farm.client import FarmClient  # noqa: E402
-from farm.embedded import embedded  # noqa: E402
+from farm.embedded import EmbeddedStack, embedded  # noqa: E402
 
 WARMUP = 20
 #: the bare chain's Redis database: the farm's is REDIS's, so each side has its own queues.
@@ -42,7 +42,9 @@ Round = Callable[[int], float]
 
 
 @contextlib.contextmanager
-def farm_side(concurrency: int) -> Iterator[Round]:
+def farm_stack(concurrency: int) -> Iterator[tuple[EmbeddedStack, FarmClient]]:
+    """The farm side's stack (API, one worker process per queue, a fresh PostgreSQL database, a
+    flushed Redis database) and a client of its API."""
     with fresh_database() as db, flushed_redis() as url, tempfile.TemporaryDirectory() as tmp:
         settings = stack_settings(
             Path(tmp),
@@ -54,19 +56,31 @@ def farm_side(concurrency: int) -> Iterator[Round]:
             embedded(settings, with_flower=False, with_llm=False) as stack,
             FarmClient(stack.settings.api_url, token="bench") as client,
         ):
-            task = {"type": "echo", "config": {"text": "noop"}}
+            yield stack, client
 
-            def run(jobs: int) -> float:
-                started = time.perf_counter()
-                batch = client.submit([task] * jobs)
-                results = client.results(batch.id, page_size=500)
-                done = sum(1 for r in results if r.job.state.value == "done")
-                elapsed = time.perf_counter() - started
-                assert done == jobs, f"only {done}/{jobs} jobs finished done"
-                return jobs / elapsed
 
-            run(WARMUP)
-            yield run
+def noop_round(client: FarmClient) -> Round:
+    """One timed round of no-op jobs: submit them as one batch, stream every result back."""
+    task = {"type": "echo", "config": {"text": "noop"}}
+
+    def run(jobs: int) -> float:
+        started = time.perf_counter()
+        batch = client.submit([task] * jobs)
+        results = client.results(batch.id, page_size=500)
+        done = sum(1 for r in results if r.job.state.value == "done")
+        elapsed = time.perf_counter() - started
+        assert done == jobs, f"only {done}/{jobs} jobs finished done"
+        return jobs / elapsed
+
+    return run
+
+
+@contextlib.contextmanager
+def farm_side(concurrency: int) -> Iterator[Round]:
+    with farm_stack(concurrency) as (_, client):
+        run = noop_round(client)
+        run(WARMUP)
+        yield run
 
 
 @contextlib.contextmanager

@@ -143,6 +143,11 @@ def llm_choice_seq_key() -> str:
     return f"{LLM_PREFIX}seq"
 
 
+def llm_last_chosen_key() -> str:
+    """Hash backend id -> the choice sequence number it was last given a new job at (breaks ties)."""
+    return f"{LLM_PREFIX}last_chosen"
+
+
 def llm_moves_key() -> str:
     """Capped list of JSON records of jobs re-routed off a dead or removed backend."""
     return f"{LLM_PREFIX}moves"

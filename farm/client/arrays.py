@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import base64
+import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,7 +17,8 @@ _DTYPES: dict[str, np.dtype[Any]] = {"int32": np.dtype("<i4"), "float32": np.dty
 
 def _array(value: list[int] | list[float] | B64Array, dtype: str) -> npt.NDArray[np.generic]:
     if isinstance(value, B64Array):
-        return np.frombuffer(base64.b64decode(value.b64), dtype=_DTYPES[value.dtype])
+        # binascii takes the ASCII str as it is (base64.b64decode would first copy it to bytes).
+        return np.frombuffer(binascii.a2b_base64(value.b64), dtype=_DTYPES[value.dtype])
     return np.asarray(value, dtype=_DTYPES[dtype])
 
 
@@ -66,17 +67,21 @@ def to_arrays(
     lengths = np.minimum(full, max_len) if max_len is not None else full
     width = int(lengths.max())
     batch = len(decoded)
-    input_ids = np.full((batch, width), pad_token_id, dtype=np.int64)
+    # Zeroed allocations leave the padding's pages untouched (the OS gives them zeroed).
+    input_ids = np.zeros((batch, width), dtype=np.int64)
+    if pad_token_id != 0:
+        input_ids.fill(pad_token_id)
     attention = np.zeros((batch, width), dtype=np.int64)
     loss = np.zeros((batch, width), dtype=np.int64)
     logprobs = np.zeros((batch, width), dtype=np.float32)
     for row, (t, n) in enumerate(zip(decoded, lengths, strict=True)):
         cols = slice(0, n) if pad_side == "right" else slice(width - n, width)
+        mask = t.loss_mask[:n]
         input_ids[row, cols] = t.token_ids[:n]
         attention[row, cols] = 1
-        loss[row, cols] = t.loss_mask[:n]
-        logprobs[row, cols] = t.logprobs[:n]
-    logprobs *= loss  # the contract: 0 outside the loss mask
+        loss[row, cols] = mask
+        # The contract: 0 outside the loss mask (masking only the row's tokens; padding stays 0).
+        np.multiply(t.logprobs[:n], mask, out=logprobs[row, cols], casting="unsafe")
     rewards = np.array([np.nan if t.reward is None else t.reward for t in decoded], dtype=np.float32)
     return {
         "input_ids": input_ids,

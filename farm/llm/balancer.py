@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
+from redis.exceptions import NoScriptError
 
 from farm import constants
 from farm.config import LLMSettings
@@ -86,8 +87,12 @@ class Balancer:
             constants.llm_choice_seq_key(),
             constants.llm_moves_key(),
             constants.llm_backends_key(),
+            constants.llm_last_chosen_key(),
         ]
         self._prefix = constants.llm_backend_key("")
+        # What every script call sends first, encoded once: the keys, the backend prefix, the reap limit.
+        self._acquire_args = [str(n).encode() for n in (self.lease_ttl_ms, MAX_MOVES_KEPT, MAX_TIES_SCANNED)]
+        self._fixed = [*(k.encode() for k in self._keys), self._prefix.encode(), str(REAP_LIMIT).encode()]
         self._acquire = redis.register_script(lua.ACQUIRE)
         self._release = redis.register_script(lua.RELEASE)
         self._reap = redis.register_script(lua.REAP)
@@ -100,7 +105,10 @@ class Balancer:
         return cls(redis, lease_ttl_s=settings.lease_ttl_s, failures_to_eject=settings.failures_to_eject)
 
     def _run(self, script: Any, *args: Any) -> Any:
-        return script(keys=self._keys, args=[self._prefix, REAP_LIMIT, *args])
+        try:
+            return self.redis.evalsha(script.sha, len(self._keys), *self._fixed, *args)
+        except NoScriptError:  # a Redis that restarted empty, or never saw the script: load it and retry
+            return script(keys=self._keys, args=[self._prefix, REAP_LIMIT, *args])
 
     # ---- backends ------------------------------------------------------------------------------
     def add_backend(
@@ -169,7 +177,7 @@ class Balancer:
         Raises:
             NoBackendAvailable: no healthy backend is registered.
         """
-        out = self._run(self._acquire, job_id, self.lease_ttl_ms, MAX_MOVES_KEPT, MAX_TIES_SCANNED)
+        out = self._run(self._acquire, job_id, *self._acquire_args)
         if not out:
             raise NoBackendAvailable(
                 "no healthy LLM backend: register one (POST /v1/backends) or wait for the health check",

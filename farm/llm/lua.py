@@ -10,7 +10,7 @@ significant digits, identically for equal fractions, so tied backends get equal 
 
 from __future__ import annotations
 
-# KEYS (all scripts): 1 heap, 2 jobs, 3 leases, 4 seq, 5 moves, 6 backends.
+# KEYS (all scripts): 1 heap, 2 jobs, 3 leases, 4 seq, 5 moves, 6 backends, 7 last chosen (backend -> seq).
 # ARGV: 1 backend prefix, 2 reap limit, then per script.
 _PRELUDE = """
 local heap, jobs, leases = KEYS[1], KEYS[2], KEYS[3]
@@ -18,19 +18,26 @@ local prefix, reap_limit = ARGV[1], tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+-- The heap score of a backend with n jobs in flight, given its 'healthy' and 'capacity' fields.
+local function score(b, n, healthy, capacity)
+  if healthy == '1' then redis.call('ZADD', heap, n / tonumber(capacity), b) end
+end
+
 local function rescore(b)
-  local key = prefix .. b
-  if redis.call('HGET', key, 'healthy') == '1' then
-    local n = tonumber(redis.call('HGET', key, 'inflight'))
-    redis.call('ZADD', heap, n / tonumber(redis.call('HGET', key, 'capacity')), b)
-  end
+  local f = redis.call('HMGET', prefix .. b, 'healthy', 'inflight', 'capacity')
+  score(b, tonumber(f[2]), f[1], f[3])
 end
 
 local function unload(b)
   local key = prefix .. b
-  if redis.call('EXISTS', key) == 0 then return end
-  if redis.call('HINCRBY', key, 'inflight', -1) < 0 then redis.call('HSET', key, 'inflight', 0) end
-  rescore(b)
+  local f = redis.call('HMGET', key, 'healthy', 'capacity')
+  if not f[2] then return end  -- the backend is gone (every registered backend has a capacity)
+  local n = redis.call('HINCRBY', key, 'inflight', -1)
+  if n < 0 then
+    redis.call('HSET', key, 'inflight', 0)
+    n = 0
+  end
+  score(b, n, f[1], f[2])
 end
 
 -- Abandoned jobs (lease expired) give their slot back; bounded so one call stays fast.
@@ -51,17 +58,16 @@ end
 ACQUIRE = (
     _PRELUDE
     + """
-local seq, moves = KEYS[4], KEYS[5]
+local seq, moves, chosen = KEYS[4], KEYS[5], KEYS[7]
 local job, ttl, max_moves, max_ties = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 reap()
 local moved_from = ''
 local cur = redis.call('HGET', jobs, job)
 if cur then
-  local key = prefix .. cur
-  if redis.call('HGET', key, 'healthy') == '1' then
+  local f = redis.call('HMGET', prefix .. cur, 'healthy', 'url', 'kind', 'model')
+  if f[1] == '1' then
     redis.call('ZADD', leases, now + ttl, job)
-    local f = redis.call('HMGET', key, 'url', 'kind', 'model')
-    return {cur, f[1], f[2], f[3], ''}
+    return {cur, f[2], f[3], f[4], ''}
   end
   -- Its backend is dead or gone: give the slot back and route the job afresh.
   unload(cur)
@@ -74,24 +80,24 @@ if #first == 0 then return false end
 local best = first[1]
 local tied = redis.call('ZRANGEBYSCORE', heap, first[2], first[2], 'LIMIT', 0, max_ties)
 if #tied > 1 then
+  local seqs = redis.call('HMGET', chosen, unpack(tied))
   local best_seq = nil
-  for _, b in ipairs(tied) do
-    local s = tonumber(redis.call('HGET', prefix .. b, 'last_chosen') or '0')
+  for i, b in ipairs(tied) do
+    local s = tonumber(seqs[i] or '0')
     if best_seq == nil or s < best_seq then best, best_seq = b, s end
   end
 end
 local key = prefix .. best
-redis.call('HINCRBY', key, 'inflight', 1)
-redis.call('HSET', key, 'last_chosen', redis.call('INCR', seq))
-rescore(best)
+local f = redis.call('HMGET', key, 'healthy', 'capacity', 'url', 'kind', 'model')
+score(best, redis.call('HINCRBY', key, 'inflight', 1), f[1], f[2])
+redis.call('HSET', chosen, best, redis.call('INCR', seq))
 redis.call('HSET', jobs, job, best)
 redis.call('ZADD', leases, now + ttl, job)
 if moved_from ~= '' then
   redis.call('LPUSH', moves, cjson.encode({job = job, from = moved_from, to = best, at_ms = now}))
   redis.call('LTRIM', moves, 0, max_moves - 1)
 end
-local f = redis.call('HMGET', key, 'url', 'kind', 'model')
-return {best, f[1], f[2], f[3], moved_from}
+return {best, f[3], f[4], f[5], moved_from}
 """
 )
 
@@ -112,7 +118,7 @@ return 1
 # Reclaims the slots of expired leases only. Returns how many were reaped.
 REAP = _PRELUDE + "\nreturn reap()\n"
 
-# KEYS: 1 heap, 6 backends set. ARGV: 3 id, 4 url, 5 kind, 6 model, 7 capacity. Returns 1 if it existed.
+# KEYS: 1 heap, 6 backends set, 7 last chosen. ARGV: 3 id, 4 url, 5 kind, 6 model, 7 capacity. Returns 1 if it existed.
 ADD_BACKEND = (
     _PRELUDE
     + """
@@ -121,7 +127,8 @@ local key = prefix .. id
 local existed = redis.call('EXISTS', key)
 redis.call('HSET', key, 'url', ARGV[4], 'kind', ARGV[5], 'model', ARGV[6], 'capacity', ARGV[7])
 if existed == 0 then
-  redis.call('HSET', key, 'inflight', 0, 'healthy', 1, 'last_chosen', 0, 'fails', 0)
+  redis.call('HSET', key, 'inflight', 0, 'healthy', 1, 'fails', 0)
+  redis.call('HSET', KEYS[7], id, 0)
 end
 redis.call('SADD', KEYS[6], id)
 rescore(id)
@@ -135,6 +142,7 @@ REMOVE_BACKEND = (
     + """
 redis.call('ZREM', heap, ARGV[3])
 redis.call('SREM', KEYS[6], ARGV[3])
+redis.call('HDEL', KEYS[7], ARGV[3])
 return redis.call('DEL', prefix .. ARGV[3])
 """
 )

