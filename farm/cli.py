@@ -73,9 +73,13 @@ def _parse_stages(value: str) -> list[Stage]:
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 def worker(queues: str, concurrency: int | None, pool: str | None, loglevel: str) -> None:
     """Run a Celery worker for some stages on this node (RUN/EVAL consume this node's queues)."""
+    from farm.errors import FarmError
     from farm.worker.run import run_worker
 
-    run_worker(_settings(), _parse_stages(queues), concurrency=concurrency, pool=pool, loglevel=loglevel)
+    try:
+        run_worker(_settings(), _parse_stages(queues), concurrency=concurrency, pool=pool, loglevel=loglevel)
+    except FarmError as exc:  # e.g. a sandbox driver that cannot work here: say why, take no job
+        raise click.ClickException(str(exc)) from exc
 
 
 @main.command()

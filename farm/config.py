@@ -84,6 +84,10 @@ class WorkerSettings(BaseModel):
     #: ``restart``: a lost node's jobs start over from INIT (at most max_attempts times each, then
     #: they fail); ``fail``: they end failed, outcome infra_error, reason "node lost: ...".
     on_node_lost: Literal["restart", "fail"] = "restart"
+    #: a worker starts a sandbox with the configured driver before it takes any job, and refuses to
+    #: start (saying why; /readyz shows it too) when that fails. Off only for a farm whose task types
+    #: use no sandbox.
+    check_sandbox: bool = True
     #: Celery's two INFO lines per task (received, succeeded). Off by default: at hundreds of
     #: stages a second they cost ~0.7 ms of worker CPU per stage, and farm logs every stage that
     #: does not simply complete (skipped, discarded, retried, failed) on its own.

@@ -105,6 +105,11 @@ def epoch_key() -> str:
     return f"{REDIS_PREFIX}epoch"
 
 
+def sandbox_checks_key() -> str:
+    """Hash node -> JSON {"ok", "detail", "at"}: each worker's sandbox self-check at start, for /readyz."""
+    return f"{REDIS_PREFIX}sandbox:checks"
+
+
 def batch_events_channel(batch_id: int) -> str:
     return f"{REDIS_PREFIX}batch:{batch_id}:events"
 

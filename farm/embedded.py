@@ -9,6 +9,7 @@ same settings passed as ``FARM_*`` variables, so what runs here is what runs on 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -16,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -25,7 +26,7 @@ import httpx
 from pydantic import SecretStr
 
 from farm.config import Settings
-from farm.constants import Stage
+from farm.constants import Stage, sandbox_checks_key
 from farm.db import migrate
 from farm.db.session import make_engine
 from farm.errors import ConfigError
@@ -209,25 +210,53 @@ class EmbeddedStack:
         return service
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Block until the API (and the built-in backend, if started) answer; raise with the log
-        tail of any service that died."""
+        """Block until the API (and the built-in backend, if started) answer and the workers have
+        passed their sandbox self-check; raise with the log tail of any service that died."""
         deadline = time.monotonic() + timeout_s
-        pending = [f"{self.settings.api_url}/readyz"]
+        since = time.time() - 1.0
+        urls = [f"{self.settings.api_url}/readyz"]
         if any(s.name == "llm" for s in self.services):
-            pending.append(f"{self.builtin_url}/health")
+            urls.append(f"{self.builtin_url}/health")
+        pending: list[tuple[str, Callable[[], bool]]] = [(url, functools.partial(self._answers, url)) for url in urls]
+        if self.settings.worker.check_sandbox and any(s.name.startswith("worker") for s in self.services):
+            pending.append(("the workers' sandbox self-check", lambda: self._sandbox_checked(since)))
         while time.monotonic() < deadline:
             for service in self.services:
                 if service.process.poll() is not None:
                     raise RuntimeError(
                         f"{service.name} exited with {service.process.returncode}:\n{self.tail(service)}"
                     )
-            with contextlib.suppress(httpx.HTTPError):
-                while pending and httpx.get(pending[0], timeout=2).status_code == 200:
-                    pending.pop(0)
+            while pending and pending[0][1]():
+                pending.pop(0)
             if not pending:
                 return
             time.sleep(0.2)
-        raise TimeoutError(f"{pending[0]} did not answer within {timeout_s}s; see {self.log_dir}")
+        raise TimeoutError(f"{pending[0][0]} did not answer within {timeout_s}s; see {self.log_dir}")
+
+    @staticmethod
+    def _answers(url: str) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(url, timeout=2).status_code == 200
+        return False
+
+    def _sandbox_checked(self, since: float) -> bool:
+        """Whether this node's workers reported a passed sandbox self-check after ``since``;
+        raises with the reason when they reported a failed one."""
+        import redis
+
+        client = redis.Redis.from_url(self.settings.redis_url)
+        try:
+            raw = client.hget(sandbox_checks_key(), self.settings.worker.node)
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+        record = json.loads(raw) if raw else None
+        if record is None or float(record["at"]) < since:
+            return False
+        if not record["ok"]:
+            raise RuntimeError(str(record["detail"]))
+        return True
 
     def tail(self, service: Service, lines: int = 30) -> str:
         with contextlib.suppress(OSError):

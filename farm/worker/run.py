@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from celery import signals
+from redis import Redis
+from redis.exceptions import RedisError
 
 from farm.config import Settings
-from farm.constants import Stage, queue_name
+from farm.constants import Stage, queue_name, sandbox_checks_key
 from farm.sandbox import start_reaper
 from farm.worker.app import make_celery_app
 from farm.worker.stages import register_stages
@@ -59,6 +63,32 @@ def quiet_task_logs(settings: Settings) -> None:
             logging.getLogger(logger).setLevel(logging.WARNING)
 
 
+def check_sandbox(settings: Settings, redis_client: Redis) -> None:
+    """Refuse to start where the sandbox driver cannot work (see ``farm.sandbox.selfcheck``), and
+    leave the answer where the API's /readyz reads it.
+
+    Raises:
+        SandboxCheckFailed: the driver cannot start a sandbox here.
+    """
+    from farm.sandbox.selfcheck import SandboxCheckFailed, check_sandbox_driver
+
+    try:
+        seconds = check_sandbox_driver(settings)
+    except SandboxCheckFailed as exc:
+        _report_check(settings, redis_client, ok=False, detail=exc.message)
+        raise
+    log.info("sandbox driver %s works here (self-check %.2fs)", settings.sandbox.driver, seconds)
+    _report_check(settings, redis_client, ok=True, detail="ok")
+
+
+def _report_check(settings: Settings, redis_client: Redis, *, ok: bool, detail: str) -> None:
+    record = json.dumps({"ok": ok, "detail": detail, "at": time.time()})
+    try:
+        redis_client.hset(sandbox_checks_key(), settings.worker.node, record)
+    except RedisError:  # the worker's own log and exit status still say it
+        log.warning("cannot report the sandbox self-check to Redis", exc_info=True)
+
+
 def run_worker(
     settings: Settings,
     stages: Sequence[Stage],
@@ -71,6 +101,8 @@ def run_worker(
     """Block in a Celery worker consuming ``stages`` for this node, with a lease sweeper."""
     app = make_celery_app(settings)
     register_stages(app)
+    if settings.worker.check_sandbox:
+        check_sandbox(settings, app.farm.redis)
     node = settings.worker.node
     sweeper = Sweeper(app.farm, app)
     stop_reaper = threading.Event()

@@ -1,14 +1,18 @@
-"""Liveness, readiness (database and Redis reachable), Prometheus metrics, handler list."""
+"""Liveness, readiness (database and Redis reachable, no node's sandbox driver failing), Prometheus
+metrics, handler list."""
 
 from __future__ import annotations
+
+import json
+import time
 
 from fastapi import APIRouter, Depends, Response
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import text
 
 from farm import __version__
-from farm.api.deps import DB, State, require_token
-from farm.constants import Stage, queue_name
+from farm.api.deps import DB, AppState, State, require_token
+from farm.constants import Stage, queue_name, sandbox_checks_key
 from farm.db import queries
 from farm.handlers.registry import get_handler, known_handlers
 from farm.schemas import HandlerInfo, Health
@@ -19,6 +23,26 @@ router = APIRouter(tags=["health"])
 @router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
 def healthz() -> Health:
     return Health(status="ok", version=__version__)
+
+
+#: a worker's failed sandbox self-check shows in /readyz this long (the worker exited; a worker that
+#: starts on that node later replaces it).
+SANDBOX_CHECK_SHOWN_S = 600.0
+
+
+def _failed_sandbox_checks(state: AppState) -> dict[str, str]:
+    """Nodes whose workers refused to start lately because their sandbox driver cannot work."""
+    failed = {}
+    now = time.time()
+    for node, raw in state.redis.hgetall(sandbox_checks_key()).items():
+        try:
+            record = json.loads(raw)
+            if not record["ok"] and now - float(record["at"]) < SANDBOX_CHECK_SHOWN_S:
+                name = node.decode() if isinstance(node, bytes) else str(node)
+                failed[f"sandbox@{name}"] = str(record["detail"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return failed
 
 
 @router.get("/readyz", response_model=Health, summary="Readiness: database and Redis reachable")
@@ -35,6 +59,8 @@ def readyz(state: State, response: Response) -> Health:
         checks["redis"] = "ok"
     except Exception as exc:
         checks["redis"] = f"unreachable: {type(exc).__name__}"
+    if checks["redis"] == "ok":
+        checks.update(_failed_sandbox_checks(state))
     ok = all(v == "ok" for v in checks.values())
     if not ok:
         response.status_code = 503
