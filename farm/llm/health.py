@@ -40,15 +40,24 @@ class HealthChecker:
         self._http = httpx.Client(timeout=probe_timeout_s, transport=transport)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # (id, url) of backends whose URL cannot be requested at all: logged once, not every round.
+        self._unusable: set[tuple[str, str]] = set()
 
     @classmethod
     def from_settings(cls, balancer: Balancer, settings: LLMSettings) -> HealthChecker:
         return cls(balancer, interval_s=settings.health_interval_s, probe_timeout_s=settings.probe_timeout_s)
 
     def probe(self, backend: Backend) -> bool:
+        """Whether the backend answers ``GET /health`` with 200. Never raises: a backend that cannot
+        be reached, or whose stored URL cannot even be parsed, is down for this probe."""
         try:
             return self._http.get(f"{backend.url}/health").status_code == 200
         except httpx.HTTPError:
+            return False
+        except Exception as exc:  # e.g. httpx.InvalidURL, which is no HTTPError
+            if (backend.id, backend.url) not in self._unusable:
+                self._unusable.add((backend.id, backend.url))
+                log.warning("LLM backend %s: cannot probe %r (%s): counted as down", backend.id, backend.url, exc)
             return False
 
     def run_once(self) -> dict[str, bool]:

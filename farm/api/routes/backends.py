@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Path, Response
 
 from farm.api.deps import State
+from farm.api.errors import error_responses
 from farm.errors import NotFound
 from farm.llm.balancer import Backend
-from farm.schemas import BackendCreate, BackendOut, ErrorOut
+from farm.schemas import BACKEND_ID_PATTERN, BackendCreate, BackendOut
 
 router = APIRouter(prefix="/v1/backends", tags=["backends"])
+
+#: an id given at POST (up to 200 characters) or derived from the URL (up to its 2,000).
+BackendId = Annotated[str, Path(min_length=1, max_length=2000, pattern=BACKEND_ID_PATTERN)]
+ERRORS = error_responses(404, 422)
+_BACKEND = {"backend_id": "$response.body#/id"}
+BACKEND_LINKS: dict[str, Any] = {
+    "GetBackend": {"operationId": "get_backend", "parameters": _BACKEND, "description": "the backend added"},
+    "RemoveBackend": {"operationId": "remove_backend", "parameters": _BACKEND, "description": "remove it"},
+}
 
 
 def _out(backend: Backend) -> BackendOut:
@@ -25,7 +36,9 @@ def _default_id(url: str) -> str:
     return re.sub(r"[^A-Za-z0-9._:@-]", "-", url.split("://", 1)[-1].rstrip("/"))
 
 
-@router.get("", response_model=list[BackendOut], summary="Backends with their load and health")
+@router.get(
+    "", operation_id="list_backends", response_model=list[BackendOut], summary="Backends with their load and health"
+)
 def list_backends(state: State) -> list[BackendOut]:
     return [_out(b) for b in state.balancer.backends()]
 
@@ -33,8 +46,9 @@ def list_backends(state: State) -> list[BackendOut]:
 @router.post(
     "",
     status_code=201,
+    operation_id="add_backend",
     response_model=BackendOut,
-    responses={422: {"model": ErrorOut}},
+    responses={201: {"links": BACKEND_LINKS}, **error_responses(413, 422)},
     summary="Add a backend (or update one with the same id); other jobs keep their backends",
 )
 def add_backend(body: BackendCreate, state: State) -> BackendOut:
@@ -48,8 +62,8 @@ def add_backend(body: BackendCreate, state: State) -> BackendOut:
     return _out(backend)
 
 
-@router.get("/{backend_id}", response_model=BackendOut, responses={404: {"model": ErrorOut}})
-def get_backend(backend_id: str, state: State) -> BackendOut:
+@router.get("/{backend_id}", operation_id="get_backend", response_model=BackendOut, responses=ERRORS)
+def get_backend(backend_id: BackendId, state: State) -> BackendOut:
     backend = state.balancer.get_backend(backend_id)
     if backend is None:
         raise NotFound(f"no backend with id {backend_id!r}")
@@ -59,10 +73,11 @@ def get_backend(backend_id: str, state: State) -> BackendOut:
 @router.delete(
     "/{backend_id}",
     status_code=204,
-    responses={404: {"model": ErrorOut}},
+    operation_id="remove_backend",
+    responses=ERRORS,
     summary="Remove a backend; its jobs move to another on their next turn",
 )
-def remove_backend(backend_id: str, state: State) -> Response:
+def remove_backend(backend_id: BackendId, state: State) -> Response:
     if not state.balancer.remove_backend(backend_id):
         raise NotFound(f"no backend with id {backend_id!r}")
     return Response(status_code=204)
