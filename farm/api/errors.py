@@ -90,15 +90,20 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(422, "invalid_request", f"{where}{first.get('msg', 'invalid')}{more}", field)
 
 
+#: methods an ``Allow`` header may name.
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
 def _allowed_methods(request: Request) -> str:
     """Every method some route serves at this path. Starlette's own ``Allow`` names only the first
     route that matched the path, though GET and POST of one path are two routes here."""
-    methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches(request.scope)
-        if match is not Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ())
-    return ", ".join(sorted(methods))
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    ]
+    return ", ".join(allowed)
 
 
 def _http_error(request: Request, exc: Exception) -> JSONResponse:
