@@ -30,8 +30,11 @@ REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("FARM_SCHEMATHESIS_VENV", REPO / ".venv-schemathesis"))
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 TOKEN = "fuzz-token"
-#: examples per operation and phase: 14 operations give well over 5,000 cases in ~2-4 minutes on 2 cores.
-MAX_EXAMPLES = int(os.environ.get("FARM_FUZZ_MAX_EXAMPLES", "150"))
+#: examples per operation and phase: ~6,600 cases over the 14 operations, ~1.5 minutes on 2 cores
+#: (operations with few possible inputs run out of new ones before that).
+MAX_EXAMPLES = int(os.environ.get("FARM_FUZZ_MAX_EXAMPLES", "600"))
+#: the spec's own links: POST /v1/batches to its five reads, POST /v1/backends to its two.
+MIN_LINKS_COVERED = 7
 MIN_CASES = 5000
 SEED = int(os.environ.get("FARM_FUZZ_SEED", "20261122"))
 ACCESS_LINE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d{3})')
@@ -102,18 +105,21 @@ def test_fuzz_api_finds_no_failure(api_url: tuple[str, Path], tmp_path: Path) ->
     seconds = time.monotonic() - started
 
     cases = _cases_generated(run.stdout)
+    scenarios, links = _stateful(run.stdout)
     answers = [m for m in map(ACCESS_LINE.search, log_path.read_text(errors="replace").splitlines()) if m]
     server_errors = [f"{m['method']} {m['path']} -> {m['status']}" for m in answers if m["status"] >= "500"]
     summary = (
-        f"schemathesis: {cases} cases, {len(answers)} requests, exit {run.returncode}, "
-        f"{len(server_errors)} server errors, {seconds:.0f} s; command: {' '.join(cmd)}"
+        f"schemathesis: {cases} cases ({scenarios} stateful scenarios over {links} links), {len(answers)} "
+        f"requests, exit {run.returncode}, {len(server_errors)} server errors, {seconds:.0f} s; "
+        f"command: {' '.join(cmd)}"
     )
     print(summary)
     print(run.stdout[-4000:])
     assert run.returncode == 0, f"{summary}\n{run.stdout[-20000:]}\n{run.stderr[-3000:]}"
     assert not server_errors, f"{summary}\n" + "\n".join(server_errors[:20])
     assert cases >= MIN_CASES, summary
-    assert _stateful_scenarios(report) > 0, f"the stateful phase ran no scenario: {summary}"
+    assert scenarios > 0 and links >= MIN_LINKS_COVERED, f"the stateful phase followed too little: {summary}"
+    assert json.loads(report.read_text())["test_cases"]["generated"] == cases
 
 
 def _cases_generated(stdout: str) -> int:
@@ -123,6 +129,8 @@ def _cases_generated(stdout: str) -> int:
     return int(match.group(1))
 
 
-def _stateful_scenarios(report: Path) -> int:
-    text = json.dumps(json.loads(report.read_text()))
-    return text.count('"stateful"')
+def _stateful(stdout: str) -> tuple[int, int]:
+    """From the stateful phase's section: scenarios run and API links covered."""
+    match = re.search(r"Scenarios:\s*(\d+)\s*\n\s*API Links:\s*(\d+) covered", stdout)
+    assert match, f"no stateful phase in schemathesis output:\n{stdout[-3000:]}"
+    return int(match.group(1)), int(match.group(2))
