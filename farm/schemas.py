@@ -10,11 +10,39 @@ import base64
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from farm.constants import BatchState, JobState, Outcome, Stage, StageStatus
 
 ArrayEncoding = Literal["b64", "json"]
+
+
+def _backend_url_pattern() -> str:
+    """``http(s)://host[:port][/path]`` where host is a DNS name, an IPv4 address or a bracketed IPv6
+    address (RFC 3986 forms), the port 1-65535, and the path plain or percent-encoded characters:
+    exactly the URLs an HTTP client can parse, so a registered backend can always be probed."""
+    h16 = "[0-9A-Fa-f]{1,4}"
+    octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+    ipv4 = rf"{octet}(?:\.{octet}){{3}}"
+    ls32 = rf"(?:{h16}:{h16}|{ipv4})"
+    ipv6 = [rf"(?:{h16}:){{6}}{ls32}", rf"::(?:{h16}:){{5}}{ls32}"]
+    tails = [rf"(?:{h16}:){{4}}{ls32}", rf"(?:{h16}:){{3}}{ls32}", rf"(?:{h16}:){{2}}{ls32}", rf"{h16}:{ls32}"]
+    for k, tail in enumerate([*tails, ls32, h16, ""]):
+        head = rf"(?:(?:{h16}:){{0,{k}}}{h16})?" if k else rf"(?:{h16})?"
+        ipv6.append(rf"{head}::{tail}")
+    label = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    # The last label starts with a letter, so a name is never mistaken for a malformed IPv4 address.
+    hostname = rf"(?:{label}\.)*[A-Za-z](?:[A-Za-z0-9-]{{0,61}}[A-Za-z0-9])?"
+    host = rf"(?:{hostname}|{ipv4}|\[(?:{'|'.join(ipv6)})\])"
+    port = "(?::(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?"
+    path = "(?:/(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})*)*"
+    return f"^https?://{host}{port}{path}$"
+
+
+#: the URLs ``POST /v1/backends`` accepts (see ``_backend_url_pattern``).
+BACKEND_URL_PATTERN = _backend_url_pattern()
+#: a backend id: letters, digits and ``._:@-``.
+BACKEND_ID_PATTERN = r"^[A-Za-z0-9._:@-]+$"
 
 
 class SamplingParams(BaseModel):
@@ -24,10 +52,10 @@ class SamplingParams(BaseModel):
 
     temperature: float = Field(default=1.0, ge=0.0, le=10.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1)
-    max_tokens: int = Field(default=1024, ge=1, le=1_000_000, description="per LLM turn")
-    stop_token_ids: list[int] = Field(default_factory=list)
-    seed: int | None = Field(default=None, description="per-job seeds are derived from it")
+    top_k: int = Field(default=-1, ge=-1, strict=True, json_schema_extra={"not": {"const": 0}}, description="-1: off")
+    max_tokens: int = Field(default=1024, ge=1, le=1_000_000, strict=True, description="per LLM turn")
+    stop_token_ids: list[StrictInt] = Field(default_factory=list)
+    seed: StrictInt | None = Field(default=None, description="per-job seeds are derived from it")
 
     @model_validator(mode="after")
     def _top_k_not_zero(self) -> SamplingParams:
@@ -52,7 +80,7 @@ class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tasks: list[TaskSpec] = Field(min_length=1)
-    group_size: int = Field(default=1, ge=1, le=1024)
+    group_size: int = Field(default=1, ge=1, le=1024, strict=True)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -175,13 +203,20 @@ class BackendCreate(BaseModel):
         default=None,
         min_length=1,
         max_length=200,
-        pattern=r"^[A-Za-z0-9._:@-]+$",
+        pattern=BACKEND_ID_PATTERN,
         description="stable name; default: derived from the URL. Re-adding an id updates that backend in place",
     )
-    url: str = Field(pattern=r"^https?://[^\s/]+(:\d+)?(/.*)?$", max_length=2000, examples=["http://gpu0:8000"])
+    url: str = Field(
+        pattern=BACKEND_URL_PATTERN,
+        max_length=2000,
+        examples=["http://gpu0:8000"],
+        description="http(s)://host[:port][/path]: a DNS name, IPv4 or [IPv6] address; no query or fragment",
+    )
     kind: Literal["vllm", "sglang", "builtin"] = "vllm"
     model: str | None = Field(default=None, max_length=500, description="served model name, sent with each request")
-    capacity: int = Field(default=1, ge=1, le=100_000, description="relative weight: concurrent jobs it is sized for")
+    capacity: int = Field(
+        default=1, ge=1, le=100_000, strict=True, description="relative weight: concurrent jobs it is sized for"
+    )
 
 
 class BackendOut(BaseModel):

@@ -24,12 +24,15 @@ IN_CI = bool(os.environ.get("CI"))
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-vllm", action="store_true", help="run tests against a real vLLM CPU server")
     parser.addoption("--run-singularity", action="store_true", help="run tests that need singularity/apptainer")
+    parser.addoption("--run-fuzz", action="store_true", help="fuzz the API with schemathesis (minutes)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "vllm" in item.keywords and not config.getoption("--run-vllm"):
             item.add_marker(pytest.mark.skip(reason="vLLM test: opt in with --run-vllm (see README)"))
+        if item.get_closest_marker("fuzz") and not config.getoption("--run-fuzz"):
+            item.add_marker(pytest.mark.skip(reason="fuzz test: opt in with --run-fuzz (see README)"))
 
 
 def service_missing(what: str, exc: BaseException) -> None:

@@ -12,8 +12,9 @@ from fastapi import Depends, FastAPI
 
 from farm import __version__
 from farm.api.deps import AppState, require_token
-from farm.api.errors import BodyLimitMiddleware, install_error_handlers
+from farm.api.errors import BodyLimitMiddleware, error_responses, install_error_handlers
 from farm.api.events import FinishNotifier
+from farm.api.openapi import install_openapi
 from farm.api.routes import backends, batches, health, jobs
 from farm.config import Settings
 from farm.db import backends as registry
@@ -70,10 +71,13 @@ def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastA
     app.state.farm = state
     app.state.farm_checker = checker
     install_error_handlers(app)
+    install_openapi(app, settings)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api.max_body_bytes)
     app.include_router(health.router)
     protected = [Depends(require_token)]
-    app.include_router(batches.router, dependencies=protected)
-    app.include_router(jobs.router, dependencies=protected)
-    app.include_router(backends.router, dependencies=protected)
+    # Every route of these routers needs the token and reaches the database or Redis.
+    answers = error_responses(401, 503)
+    app.include_router(batches.router, dependencies=protected, responses=answers)
+    app.include_router(jobs.router, dependencies=protected, responses=answers)
+    app.include_router(backends.router, dependencies=protected, responses=answers)
     return app

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import redis
 from celery import Celery
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -17,6 +17,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from farm.api.events import FinishNotifier
 from farm.config import Settings
 from farm.llm.balancer import Balancer
+
+#: ids are 64-bit integers in the database (PostgreSQL bigint); a larger one names nothing and is
+#: refused as invalid (422) before it reaches a query, where it would overflow.
+MAX_ID = 2**63 - 1
+BatchId = Annotated[int, Path(ge=1, le=MAX_ID, description="a batch id, as POST /v1/batches returned it")]
+JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a job id, one of a batch's job_ids")]
 
 
 @dataclass

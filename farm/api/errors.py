@@ -1,14 +1,21 @@
-"""FarmError -> HTTP status, and one error body shape (``ErrorOut``) for every failure."""
+"""FarmError -> HTTP status, and one error body shape (``ErrorOut``) for every failure.
+
+``error_responses`` documents those statuses in the OpenAPI spec with the same ``ErrorOut`` model,
+so the spec promises the body the API really sends (never FastAPI's ``HTTPValidationError``).
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from farm.errors import (
@@ -37,10 +44,30 @@ STATUS_FOR_ERROR: list[tuple[type[FarmError], int, str]] = [
 ]
 
 
-def error_response(status: int, code: str, detail: str, field: str | None = None) -> JSONResponse:
+#: what each error status means, as the OpenAPI spec describes it.
+ERROR_DESCRIPTIONS: dict[int, str] = {
+    401: "Missing or invalid bearer token (send 'Authorization: Bearer <FARM_API__TOKEN>')",
+    404: "No such resource",
+    409: "Conflict: an idempotency key reused with another request body",
+    413: "Request body larger than api.max_body_bytes",
+    422: "Invalid request: `field` names what to fix",
+    503: "The database or Redis is unreachable; retry shortly",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these error statuses, all with the ``ErrorOut`` body."""
+    return {status: {"model": ErrorOut, "description": ERROR_DESCRIPTIONS[status]} for status in statuses}
+
+
+def error_response(
+    status: int, code: str, detail: str, field: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     body = ErrorOut(code=code, detail=detail, field=field).model_dump(exclude_none=True)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    headers = dict(headers or {})
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 def _farm_error(_: Request, exc: Exception) -> JSONResponse:
@@ -63,10 +90,35 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(422, "invalid_request", f"{where}{first.get('msg', 'invalid')}{more}", field)
 
 
-def _http_error(_: Request, exc: Exception) -> JSONResponse:
+#: methods an ``Allow`` header may name.
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path. Starlette's own ``Allow`` names only the first
+    route that matched the path, though GET and POST of one path are two routes here."""
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    ]
+    return ", ".join(allowed)
+
+
+def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
-    return error_response(exc.status_code, code.get(exc.status_code, "http_error"), str(exc.detail))
+    headers = dict(exc.headers or {})
+    detail = str(exc.detail)
+    if exc.status_code == 400:
+        # FastAPI's answer to a body it cannot decode (not UTF-8, say): bad input like any other, so
+        # the same 422 as a malformed JSON body.
+        return error_response(422, "invalid_request", f"body: {detail}; send JSON encoded as UTF-8", "body")
+    if exc.status_code == 405:
+        headers["Allow"] = _allowed_methods(request)
+        detail = f"{request.method} is not allowed on {request.url.path}; allowed: {headers['Allow']}"
+    return error_response(exc.status_code, code.get(exc.status_code, "http_error"), detail, headers=headers)
 
 
 def _database_error(_: Request, exc: Exception) -> JSONResponse:
@@ -74,11 +126,17 @@ def _database_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(503, "database_unavailable", "the database is unreachable or restarting; retry shortly")
 
 
+def _redis_error(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("redis error: %s", exc)
+    return error_response(503, "redis_unavailable", "Redis is unreachable or restarting; retry shortly")
+
+
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(FarmError, _farm_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_error)
+    app.add_exception_handler(redis.RedisError, _redis_error)
 
 
 class BodyLimitMiddleware:

@@ -8,6 +8,7 @@ function or a coroutine function; the pipeline runs coroutines to completion.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -49,7 +50,8 @@ class StageContext:
 def validate_config(config_class: type[ConfigT], config: dict[str, Any]) -> ConfigT:
     """Validate a task config, raising InvalidSpec that names the first bad field."""
     try:
-        return config_class.model_validate(config)
+        # As JSON, strictly: a config arrives as JSON, where `false` is no integer and `1` no boolean.
+        return config_class.model_validate_json(json.dumps(config), strict=True)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "(config)"

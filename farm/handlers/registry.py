@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
@@ -11,6 +12,9 @@ from farm.errors import ConfigError, HandlerNotFound
 from farm.handlers.base import TaskHandler
 
 ENTRY_POINT_GROUP = "farm.handlers"
+#: ``package.module:Class``, ASCII identifiers only: anything else is no handler path.
+TARGET_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+_TARGET = re.compile(TARGET_PATTERN)
 
 
 @cache
@@ -23,7 +27,7 @@ def _load(target: str) -> type[TaskHandler[Any]]:
     module_name, _, attr = target.partition(":")
     try:
         obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # any error at import time: the module itself is broken
         raise ConfigError(f"handler {target!r} cannot be imported: {exc}") from exc
     if not (isinstance(obj, type) and issubclass(obj, TaskHandler)):
         raise ConfigError(f"handler {target!r} is not a TaskHandler subclass")
@@ -40,7 +44,7 @@ def get_handler(name: str) -> TaskHandler[Any]:
     """
     target = known_handlers().get(name)
     if target is None:
-        if ":" not in name:
+        if not _TARGET.match(name):
             known = ", ".join(sorted(known_handlers())) or "(none installed)"
             raise HandlerNotFound(f"unknown task type {name!r}; known types: {known}")
         target = name

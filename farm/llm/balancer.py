@@ -16,15 +16,17 @@ The HTTP routes ``/v1/backends`` are a thin layer over ``add_backend``/``remove_
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 from redis import Redis
 from redis.exceptions import NoScriptError
 
 from farm import constants
 from farm.config import LLMSettings
-from farm.errors import NoBackendAvailable
+from farm.errors import InvalidSpec, NoBackendAvailable
 from farm.llm import lua
 from farm.llm.types import BackendKind
 
@@ -36,6 +38,8 @@ DEFAULT_FAILURES_TO_EJECT = 2
 REAP_LIMIT = 100
 MAX_MOVES_KEPT = 1000
 MAX_TIES_SCANNED = 256
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,15 @@ class Lease:
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _check_url(url: str) -> None:
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise InvalidSpec(f"url: {url!r} is not a URL an HTTP request can be sent to: {exc}", field="url") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InvalidSpec(f"url: {url!r} must be http(s)://host[:port][/path]", field="url")
 
 
 class Balancer:
@@ -124,9 +137,11 @@ class Balancer:
 
         Raises:
             ValueError: capacity below 1.
+            InvalidSpec: a URL no HTTP request can be sent to (``field`` is ``url``).
         """
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
+        _check_url(url)
         kind = BackendKind(kind)
         self._run(self._add, backend_id, url.rstrip("/"), kind.value, model or "", capacity)
         backend = self.get_backend(backend_id)
@@ -138,19 +153,26 @@ class Balancer:
         return bool(self._run(self._remove, backend_id))
 
     def get_backend(self, backend_id: str) -> Backend | None:
+        """The backend, or None when it is not registered (or its Redis entry cannot be read)."""
         raw = self.redis.hgetall(constants.llm_backend_key(backend_id))
         if not raw:
             return None
         f = {_s(k): _s(v) for k, v in raw.items()}
-        return Backend(
-            id=backend_id,
-            url=f["url"],
-            kind=BackendKind(f["kind"]),
-            model=f["model"] or None,
-            capacity=int(f["capacity"]),
-            inflight=int(f["inflight"]),
-            healthy=f["healthy"] == "1",
-        )
+        try:
+            return Backend(
+                id=backend_id,
+                url=f["url"],
+                kind=BackendKind(f["kind"]),
+                model=f["model"] or None,
+                capacity=int(f["capacity"]),
+                inflight=int(f["inflight"]),
+                healthy=f["healthy"] == "1",
+            )
+        except (KeyError, ValueError) as exc:
+            # One damaged entry (written by hand, or by an older version) must not take down every
+            # listing and health round; DELETE /v1/backends/{id} still removes it.
+            log.warning("LLM backend %r has an unreadable Redis entry (%r): skipped", backend_id, exc)
+            return None
 
     def backends(self) -> list[Backend]:
         ids = sorted(_s(b) for b in self.redis.smembers(constants.llm_backends_key()))

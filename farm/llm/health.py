@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from farm.config import LLMSettings
+from farm.errors import FarmError
 from farm.llm.balancer import Backend, Balancer
 
 #: time between two rounds of probes.
@@ -45,6 +46,8 @@ class HealthChecker:
         self._http = httpx.Client(timeout=probe_timeout_s, transport=transport)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # (id, url) of backends whose URL cannot be requested at all: logged once, not every round.
+        self._unusable: set[tuple[str, str]] = set()
 
     @classmethod
     def from_settings(
@@ -68,15 +71,28 @@ class HealthChecker:
             return 0
         present = {backend.id for backend in self.balancer.backends()}
         missing = [fields for fields in self._registered() if fields["backend_id"] not in present]
+        restored = 0
         for fields in missing:
-            self.balancer.add_backend(**fields)
+            try:
+                self.balancer.add_backend(**fields)
+            except FarmError as exc:  # one bad record must not keep the others out
+                log.error("LLM backend %s cannot be registered again: %s", fields["backend_id"], exc)
+                continue
             log.warning("LLM backend %s was missing from Redis: registered again", fields["backend_id"])
-        return len(missing)
+            restored += 1
+        return restored
 
     def probe(self, backend: Backend) -> bool:
+        """Whether the backend answers ``GET /health`` with 200. Never raises: a backend that cannot
+        be reached, or whose stored URL cannot even be parsed, is down for this probe."""
         try:
             return self._http.get(f"{backend.url}/health").status_code == 200
         except httpx.HTTPError:
+            return False
+        except Exception as exc:  # e.g. httpx.InvalidURL, which is no HTTPError
+            if (backend.id, backend.url) not in self._unusable:
+                self._unusable.add((backend.id, backend.url))
+                log.warning("LLM backend %s: cannot probe %r (%s): counted as down", backend.id, backend.url, exc)
             return False
 
     def run_once(self) -> dict[str, bool]:

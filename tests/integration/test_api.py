@@ -225,3 +225,20 @@ def _check_backends_are_restored(api: TestClient, redis_client) -> None:
         0,
     )
     assert checker_restore() == 0
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/batches/9223372036854775808", "/v1/batches/99999999999999999999/results", "/v1/jobs/-1"]
+)
+def test_ids_out_of_range_are_a_clear_422(api: TestClient, path: str):
+    response = api.get(path, headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert response.json()["code"] == "invalid_request" and response.json()["field"].startswith("path.")
+
+
+def test_backend_url_a_client_cannot_parse_is_a_422_naming_url(api: TestClient):
+    for url in ["http://[", "http://a\x13b:80", "http://999.1.1.1", "http://gpu0:70000"]:
+        response = api.post("/v1/backends", json={"url": url}, headers=AUTH)
+        assert_error(response, 422, "invalid_request", field="url")
+    ok = api.post("/v1/backends", json={"url": "http://[::1]:8000/v1"}, headers=AUTH)
+    assert ok.status_code == 201 and ok.json()["url"] == "http://[::1]:8000/v1"

@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Path, Response
 
 from farm.api.deps import State
+from farm.api.errors import error_responses
 from farm.db import backends as registry
 from farm.db.session import transaction
 from farm.errors import NotFound
 from farm.llm.balancer import Backend
-from farm.schemas import BackendCreate, BackendOut, ErrorOut
+from farm.schemas import BACKEND_ID_PATTERN, BackendCreate, BackendOut
 
 router = APIRouter(prefix="/v1/backends", tags=["backends"])
+
+#: an id given at POST (up to 200 characters) or derived from the URL (up to its 2,000).
+BackendId = Annotated[str, Path(min_length=1, max_length=2000, pattern=BACKEND_ID_PATTERN)]
+ERRORS = error_responses(404, 422)
+_BACKEND = {"backend_id": "$response.body#/id"}
+BACKEND_LINKS: dict[str, Any] = {
+    "GetBackend": {"operationId": "get_backend", "parameters": _BACKEND, "description": "the backend added"},
+    "RemoveBackend": {"operationId": "remove_backend", "parameters": _BACKEND, "description": "remove it"},
+}
 
 
 def _out(backend: Backend) -> BackendOut:
@@ -28,7 +38,9 @@ def _default_id(url: str) -> str:
     return re.sub(r"[^A-Za-z0-9._:@-]", "-", url.split("://", 1)[-1].rstrip("/"))
 
 
-@router.get("", response_model=list[BackendOut], summary="Backends with their load and health")
+@router.get(
+    "", operation_id="list_backends", response_model=list[BackendOut], summary="Backends with their load and health"
+)
 def list_backends(state: State) -> list[BackendOut]:
     return [_out(b) for b in state.balancer.backends()]
 
@@ -36,8 +48,9 @@ def list_backends(state: State) -> list[BackendOut]:
 @router.post(
     "",
     status_code=201,
+    operation_id="add_backend",
     response_model=BackendOut,
-    responses={422: {"model": ErrorOut}},
+    responses={201: {"links": BACKEND_LINKS}, **error_responses(413, 422)},
     summary="Add a backend (or update one with the same id); other jobs keep their backends",
 )
 def add_backend(body: BackendCreate, state: State) -> BackendOut:
@@ -48,14 +61,16 @@ def add_backend(body: BackendCreate, state: State) -> BackendOut:
         "model": body.model,
         "capacity": body.capacity,
     }
-    # The database first: the balancer's set is rebuilt from it if Redis loses it.
+    # Recorded in the database too (the balancer's set is rebuilt from it if Redis loses it), in a
+    # transaction that a backend the balancer refuses (a URL no request can be sent to) rolls back.
     with transaction(state.sessions) as session:
         registry.save(session, **fields)
-    return _out(state.balancer.add_backend(**fields))
+        backend = state.balancer.add_backend(**fields)
+    return _out(backend)
 
 
-@router.get("/{backend_id}", response_model=BackendOut, responses={404: {"model": ErrorOut}})
-def get_backend(backend_id: str, state: State) -> BackendOut:
+@router.get("/{backend_id}", operation_id="get_backend", response_model=BackendOut, responses=ERRORS)
+def get_backend(backend_id: BackendId, state: State) -> BackendOut:
     backend = state.balancer.get_backend(backend_id)
     if backend is None:
         raise NotFound(f"no backend with id {backend_id!r}")
@@ -65,10 +80,11 @@ def get_backend(backend_id: str, state: State) -> BackendOut:
 @router.delete(
     "/{backend_id}",
     status_code=204,
-    responses={404: {"model": ErrorOut}},
+    operation_id="remove_backend",
+    responses=ERRORS,
     summary="Remove a backend; its jobs move to another on their next turn",
 )
-def remove_backend(backend_id: str, state: State) -> Response:
+def remove_backend(backend_id: BackendId, state: State) -> Response:
     with transaction(state.sessions) as session:
         known = registry.remove(session, backend_id)
     if not state.balancer.remove_backend(backend_id) and not known:

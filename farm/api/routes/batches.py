@@ -11,22 +11,38 @@ from fastapi import APIRouter, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.exc import IntegrityError
 
-from farm.api.deps import DB, AppState, State
+from farm.api.deps import DB, AppState, BatchId, State
+from farm.api.errors import error_responses
 from farm.constants import BatchState, batch_cancel_key, batch_events_channel
 from farm.db import lifecycle, queries
 from farm.db.base import utcnow
 from farm.db.models import Batch
 from farm.db.session import transaction
-from farm.errors import HandlerNotFound, InvalidSpec
+from farm.errors import ConfigError, HandlerNotFound, InvalidSpec
 from farm.handlers.registry import get_handler
-from farm.schemas import ArrayEncoding, BatchCreate, BatchCreated, BatchStatus, ErrorOut, ResultsPage
+from farm.schemas import ArrayEncoding, BatchCreate, BatchCreated, BatchStatus, ResultsPage
 from farm.worker.enqueue import revoke, send_init_many
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 #: how long the cancel flag lives in Redis; the database keeps the cancel for good.
 CANCEL_FLAG_TTL_S = 7 * 24 * 3600
-ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+#: finish positions are 32-bit in the database (a batch holds far fewer jobs): no cursor goes past.
+MAX_CURSOR = 2**31 - 1
+#: what the routes on one batch answer besides their success (401 and 503: see ``create_app``).
+ERRORS = error_responses(404, 422)
+
+#: OpenAPI links from a submitted batch to the routes that read it, so a client generator (or the
+#: stateful phase of a fuzzer) can follow ``id`` and ``job_ids`` from the answer.
+_BATCH = {"batch_id": "$response.body#/id"}
+_JOB = {"job_id": "$response.body#/job_ids/0"}
+BATCH_LINKS: dict[str, Any] = {
+    "GetBatch": {"operationId": "get_batch", "parameters": _BATCH, "description": "the batch's status"},
+    "GetResults": {"operationId": "get_results", "parameters": _BATCH, "description": "its finished jobs"},
+    "CancelBatch": {"operationId": "cancel_batch", "parameters": _BATCH, "description": "cancel it"},
+    "GetJob": {"operationId": "get_job", "parameters": _JOB, "description": "its first job"},
+    "GetTrajectory": {"operationId": "get_trajectory", "parameters": _JOB, "description": "that job's trajectory"},
+}
 
 
 def _validate_tasks(request: BatchCreate) -> None:
@@ -36,6 +52,9 @@ def _validate_tasks(request: BatchCreate) -> None:
             get_handler(task.type).validate(task.config)
         except HandlerNotFound as exc:
             raise HandlerNotFound(f"tasks.{i}.type: {exc.message}", field=f"tasks.{i}.type") from exc
+        except ConfigError as exc:
+            # A `module:Class` type that cannot be imported or is no handler: the request's fault.
+            raise InvalidSpec(f"tasks.{i}.type: {exc.message}", field=f"tasks.{i}.type") from exc
         except InvalidSpec as exc:
             raise InvalidSpec(f"tasks.{i}.{exc.message}", field=f"tasks.{i}.{exc.field}") from exc
 
@@ -82,11 +101,11 @@ def _submit(state: AppState, request: BatchCreate, key: str | None) -> tuple[Bat
     "",
     status_code=201,
     response_model=BatchCreated,
+    operation_id="submit_batch",
     responses={
-        200: {"model": BatchCreated, "description": "returned for an idempotent resubmit"},
-        **ERRORS,
-        409: {"model": ErrorOut},
-        413: {"model": ErrorOut},
+        201: {"links": BATCH_LINKS},
+        200: {"model": BatchCreated, "description": "returned for an idempotent resubmit", "links": BATCH_LINKS},
+        **error_responses(409, 413, 422),
     },
     summary="Submit a batch: each task becomes a group of group_size jobs",
 )
@@ -105,23 +124,32 @@ def submit_batch(
     return out
 
 
-@router.get("/{batch_id}", response_model=BatchStatus, responses=ERRORS, summary="Batch status with counts")
-def get_batch(batch_id: int, db: DB) -> BatchStatus:
+@router.get(
+    "/{batch_id}",
+    operation_id="get_batch",
+    response_model=BatchStatus,
+    responses=ERRORS,
+    summary="Batch status with counts",
+)
+def get_batch(batch_id: BatchId, db: DB) -> BatchStatus:
     return queries.batch_status(db, batch_id)
 
 
 @router.get(
     "/{batch_id}/results",
+    operation_id="get_results",
     response_model=ResultsPage,
     responses=ERRORS,
     summary="Finished jobs in finish order, long-polling until at least one is past the cursor",
 )
 async def get_results(
-    batch_id: int,
+    batch_id: BatchId,
     state: State,
-    after: Annotated[int, Query(ge=0, description="the last `seq` you have; 0 to start")] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_CURSOR, description="the last `seq` you have; 0 to start")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    wait_s: Annotated[float, Query(ge=0, description="hold the request up to this long for a result")] = 0,
+    wait_s: Annotated[
+        float, Query(ge=0, allow_inf_nan=False, description="hold the request up to this long for a result")
+    ] = 0,
     encoding: Annotated[ArrayEncoding, Query(description="b64: compact arrays; json: plain lists")] = "b64",
     trajectories: Annotated[bool, Query(description="include trajectories of done jobs")] = True,
 ) -> ResultsPage:
@@ -161,8 +189,14 @@ async def get_results(
             await state.notifier.wait(event, left)
 
 
-@router.post("/{batch_id}/cancel", response_model=BatchStatus, responses=ERRORS, summary="Cancel a batch")
-def cancel_batch(batch_id: int, state: State) -> BatchStatus:
+@router.post(
+    "/{batch_id}/cancel",
+    operation_id="cancel_batch",
+    response_model=BatchStatus,
+    responses=ERRORS,
+    summary="Cancel a batch",
+)
+def cancel_batch(batch_id: BatchId, state: State) -> BatchStatus:
     """Queued jobs are revoked; running stages stop at their next turn or stage boundary.
 
     Cancelling a finished batch changes nothing and returns its status."""

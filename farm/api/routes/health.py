@@ -12,6 +12,7 @@ from sqlalchemy import text
 
 from farm import __version__
 from farm.api.deps import DB, AppState, State, require_token
+from farm.api.errors import error_responses
 from farm.constants import Stage, queue_name, sandbox_checks_key
 from farm.db import queries
 from farm.handlers.registry import get_handler, known_handlers
@@ -45,7 +46,18 @@ def _failed_sandbox_checks(state: AppState) -> dict[str, str]:
     return failed
 
 
-@router.get("/readyz", response_model=Health, summary="Readiness: database and Redis reachable")
+@router.get(
+    "/readyz",
+    response_model=Health,
+    responses={
+        503: {
+            "model": Health,
+            "description": "the database or Redis is unreachable, or a node's sandbox driver failed its "
+            "check: `checks` says which",
+        }
+    },
+    summary="Readiness: database and Redis reachable, every node's sandbox driver working",
+)
 def readyz(state: State, response: Response) -> Health:
     checks: dict[str, str] = {}
     try:
@@ -67,8 +79,18 @@ def readyz(state: State, response: Response) -> Health:
     return Health(status="ok" if ok else "unavailable", checks=checks, version=__version__)
 
 
-@router.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(require_token)])
-def metrics(state: State, db: DB) -> str:
+@router.get(
+    "/metrics",
+    # Documented by hand: with response_class=PlainTextResponse FastAPI would file the JSON error
+    # answers under text/plain too.
+    response_class=Response,
+    dependencies=[Depends(require_token)],
+    responses={
+        200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}},
+        **error_responses(401, 503),
+    },
+)
+def metrics(state: State, db: DB) -> PlainTextResponse:
     """Prometheus text format: jobs per state in running batches, messages waiting per queue."""
     lines = ["# TYPE farm_jobs gauge"]
     for job_state, count in sorted(queries.summary_counts(db).items()):
@@ -78,10 +100,15 @@ def metrics(state: State, db: DB) -> str:
     for stage in Stage:
         name = queue_name(stage, node)
         lines.append(f'farm_queue_length{{queue="{name}"}} {state.redis.llen(name)}')
-    return "\n".join(lines) + "\n"
+    return PlainTextResponse("\n".join(lines) + "\n")
 
 
-@router.get("/v1/handlers", response_model=list[HandlerInfo], dependencies=[Depends(require_token)])
+@router.get(
+    "/v1/handlers",
+    response_model=list[HandlerInfo],
+    dependencies=[Depends(require_token)],
+    responses=error_responses(401),
+)
 def handlers() -> list[HandlerInfo]:
     """Installed task types and the JSON schema of their config."""
     out = []

@@ -6,20 +6,22 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from farm.api.deps import DB
+from farm.api.deps import DB, JobId
+from farm.api.errors import error_responses
 from farm.db import queries
-from farm.schemas import ArrayEncoding, ErrorOut, JobOut, TrajectoryOut
+from farm.schemas import ArrayEncoding, JobOut, TrajectoryOut
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+ERRORS = error_responses(404, 422)
 
 
-@router.get("/{job_id}", response_model=JobOut, responses={404: {"model": ErrorOut}})
-def get_job(job_id: int, db: DB) -> JobOut:
+@router.get("/{job_id}", operation_id="get_job", response_model=JobOut, responses=ERRORS)
+def get_job(job_id: JobId, db: DB) -> JobOut:
     return queries.get_job(db, job_id)
 
 
-@router.get("/{job_id}/trajectory", response_model=TrajectoryOut, responses={404: {"model": ErrorOut}})
+@router.get("/{job_id}/trajectory", operation_id="get_trajectory", response_model=TrajectoryOut, responses=ERRORS)
 def get_trajectory(
-    job_id: int, db: DB, encoding: Annotated[ArrayEncoding, Query(description="b64 or json arrays")] = "json"
+    job_id: JobId, db: DB, encoding: Annotated[ArrayEncoding, Query(description="b64 or json arrays")] = "json"
 ) -> TrajectoryOut:
     return queries.get_trajectory(db, job_id, encoding)

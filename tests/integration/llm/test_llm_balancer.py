@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from farm import constants
-from farm.errors import NoBackendAvailable, UpstreamStatusError
+from farm.errors import InvalidSpec, NoBackendAvailable, UpstreamStatusError
 from farm.llm.balancer import Balancer
 from farm.llm.health import HealthChecker
 from farm.llm.session import ClientPool, LLMSession
@@ -292,3 +292,26 @@ def test_balancer_reloads_its_scripts_when_redis_lost_them(tmp_path):
         client.close()
     finally:
         server.stop()
+
+
+def test_add_backend_refuses_a_url_no_request_can_use(balancer):
+    with pytest.raises(InvalidSpec) as caught:
+        balancer.add_backend(backend_id="bad", url="http://[::1")
+    assert caught.value.field == "url"
+    assert balancer.backends() == []
+
+
+def test_health_checker_survives_stored_backends_it_cannot_parse(balancer, redis_client):
+    # Given: entries written before URLs were checked (or by hand): a URL httpx refuses and a
+    # hash missing its fields, beside a healthy backend
+    balancer.add_backend(backend_id="bad-url", url="http://placeholder")
+    redis_client.hset(constants.llm_backend_key("bad-url"), "url", "http://a\x13b")
+    redis_client.sadd(constants.llm_backends_key(), "broken")
+    redis_client.hset(constants.llm_backend_key("broken"), "url", "http://x")
+    balancer.add_backend(backend_id="well", url="http://well")
+    transport = httpx.MockTransport(lambda r: httpx.Response(200))
+    checker = HealthChecker(balancer, transport=transport)
+    # When: two rounds run; Then: the unparseable URL is down, the broken entry skipped, the rest probed
+    checker.run_once()
+    assert checker.run_once() == {"bad-url": False, "well": True}
+    assert [b.id for b in balancer.backends()] == ["bad-url", "well"]

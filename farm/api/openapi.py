@@ -1,0 +1,74 @@
+"""The OpenAPI spec, completed with what only the running service knows.
+
+FastAPI describes a task as ``{type: str, config: object}``; the service accepts far less: a
+``type`` that names an installed handler (or a ``package.module:Class`` path) and the ``config``
+that handler's ``config_class`` validates. ``task_spec_schema`` puts exactly that in the spec, one
+branch per installed handler with its config's JSON schema, and the batch size limit this process
+enforces. What JSON Schema cannot say (a shipped problem id, one field or another) stays a 422
+naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+
+from farm.config import Settings
+from farm.handlers.registry import TARGET_PATTERN, get_handler, known_handlers
+
+REF_PREFIX = "#/components/schemas/"
+
+
+def _handler_branch(name: str, components: dict[str, Any], name_schema: Any) -> dict[str, Any]:
+    """The TaskSpec branch of one handler; its config's sub-schemas go to the components, prefixed."""
+    prefix = f"{name.capitalize()}Task"
+    config = get_handler(name).config_class.model_json_schema(ref_template=f"{REF_PREFIX}{prefix}{{model}}")
+    for def_name, definition in config.pop("$defs", {}).items():
+        components[f"{prefix}{def_name}"] = definition
+    return {
+        "type": "object",
+        "title": f"{prefix}Spec",
+        "additionalProperties": False,
+        "properties": {"type": {"const": name}, "config": config, "name": name_schema},
+        # A config with required fields cannot be left out (its default is {}).
+        "required": ["type", "config"] if config.get("required") else ["type"],
+    }
+
+
+def task_spec_schema(spec: dict[str, Any], settings: Settings) -> None:
+    """Rewrite ``TaskSpec`` and ``BatchCreate.tasks`` in ``spec`` (in place), as described above."""
+    components = spec["components"]["schemas"]
+    task = components["TaskSpec"]
+    name_schema = task["properties"]["name"]
+    branches = [_handler_branch(name, components, name_schema) for name in sorted(known_handlers())]
+    branches.append(
+        {
+            "type": "object",
+            "title": "HandlerPathTaskSpec",
+            "additionalProperties": False,
+            "properties": {
+                "type": {"type": "string", "pattern": TARGET_PATTERN, "description": "package.module:Class"},
+                "config": task["properties"]["config"],
+                "name": name_schema,
+            },
+            "required": ["type"],
+        }
+    )
+    components["TaskSpec"] = {"title": "TaskSpec", "description": task.get("description", ""), "oneOf": branches}
+    components["BatchCreate"]["properties"]["tasks"]["maxItems"] = settings.api.max_tasks_per_batch
+
+
+def install_openapi(app: FastAPI, settings: Settings) -> None:
+    """Serve the completed spec at ``/openapi.json`` (built once, on first request)."""
+    base: Callable[[], dict[str, Any]] = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            spec = base()
+            task_spec_schema(spec, settings)
+            app.openapi_schema = spec
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
