@@ -3,7 +3,8 @@
 The smallest handler that uses the LLM layer end to end: the prompt is rendered with the
 policy's chat template, one turn is sampled on the job's balancer-chosen backend, and the
 trajectory holds exactly the ids and logprobs the backend returned. The reward is 1 when the
-reply contains ``reference`` (0 otherwise, and 0 when there is no reference). Backend
+reply, stripped, equals ``reference`` (``match="contains"``: when it contains it anywhere, which a
+reply listing many candidates games; for smoke tests only), 0 otherwise and when there is none. Backend
 failures are infrastructure errors: retried, then reported as ``infra_error``.
 """
 
@@ -29,8 +30,10 @@ class GenerateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     messages: list[Message] = Field(min_length=1)
-    #: the reply earns reward 1 when it contains this text.
+    #: the reply earns reward 1 when it is this text (``match``), stripped of surrounding whitespace.
     reference: str | None = Field(default=None, min_length=1)
+    #: ``exact`` (default) or ``contains`` (the reference anywhere in the reply: cheap to game).
+    match: Literal["exact", "contains"] = "exact"
     #: overrides the batch's sampling.max_tokens for this task.
     max_tokens: int | None = Field(default=None, ge=1)
 
@@ -72,7 +75,8 @@ class GenerateHandler(TaskHandler[GenerateConfig]):
     def evaluate(
         self, config: GenerateConfig, state: dict[str, Any], trajectory: TrajectoryData, ctx: StageContext
     ) -> EvalResult:
-        hit = config.reference is not None and config.reference.strip() in state.get("reply", "")
+        reply, want = state.get("reply", "").strip(), (config.reference or "").strip()
+        hit = bool(want) and (reply == want if config.match == "exact" else want in reply)
         return EvalResult(reward=float(hit), metrics={"scored": float(config.reference is not None)})
 
     def teardown(self, config: GenerateConfig, state: dict[str, Any], ctx: StageContext) -> None:

@@ -2,10 +2,16 @@
 
 Extraction rules, first that applies wins:
 
-1. The last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces; ``\\boxed 5`` also counts.
+1. The last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces; ``\\boxed 5`` also
+   counts. Only the last box is graded, so boxing several candidates earns nothing more.
 2. The last "answer is X" / "answer: X" / "Answer = X" phrase: X runs to the end of its line,
    or to a sentence-ending period.
-3. The last number in the text (integer, decimal, ``a/b`` fraction, thousands separators allowed).
+3. A last line that is nothing but a number (``42``, ``$3/4$``).
+
+Nothing else: a response that states no final answer has none. (It used to fall back to the
+last number anywhere in the text, so a random reply ending in "5" scored 1 on a problem whose
+answer is 5.) An answer that offers alternatives ("3 or 4", ``3 \\text{ or } 4``) is no answer,
+and the grader refuses numbers side by side (``3 4``), which sympy would multiply.
 
 Normalisation (``normalize``) then removes what does not change the value: ``$`` delimiters,
 ``\\left``/``\\right`` and LaTeX spacing, ``\\dfrac``/``\\tfrac`` (-> ``\\frac``), thousands
@@ -26,7 +32,9 @@ MAX_ANSWER_CHARS = 500
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*")
 _ANSWER_PHRASE = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*", re.IGNORECASE)
-_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?|-?\.\d+")
+_BARE_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?(?:\s*/\s*\d+)?|-?\.\d+")
+#: an answer that offers alternatives ("3 or 4", "3 \\text{ or } 4", "3 \\lor 4").
+_ALTERNATIVES = re.compile(r"\bor\b|\\lor\b|\\vee\b", re.IGNORECASE)
 _THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d,])")
 _TEXT_GROUP = re.compile(r"\\(?:text|textbf|mathrm|mbox|textit)\s*\{([^{}]*)\}")
 _ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*(.+)$")
@@ -47,18 +55,31 @@ def _brace_pairs(text: str) -> dict[int, int]:
     return pairs
 
 
-def _last_boxed(text: str) -> str | None:
-    found = None
+def _boxed(text: str) -> list[str]:
+    """Every ``\\boxed`` answer in the text, in order."""
+    found = []
     pairs: dict[int, int] | None = None
     for match in _BOX.finditer(text):
         start = match.end()
         if text.startswith("{", start):
             pairs = _brace_pairs(text) if pairs is None else pairs
             if start in pairs:
-                found = text[start + 1 : pairs[start]]
+                found.append(text[start + 1 : pairs[start]])
         elif bare := re.match(r"[^\s$]+", text[start : start + MAX_ANSWER_CHARS]):
-            found = bare.group(0)
+            found.append(bare.group(0))
     return found
+
+
+def _last_boxed(text: str) -> str | None:
+    boxes = _boxed(text)
+    return boxes[-1] if boxes else None
+
+
+def _bare_last_line(text: str) -> str | None:
+    """A last line that is nothing but a number (``42``, ``$3/4$``): a stated answer."""
+    lines = text.strip().splitlines()
+    last = lines[-1].strip().strip("$").strip() if lines else ""
+    return last if _BARE_NUMBER.fullmatch(last) else None
 
 
 def _last_phrase(text: str) -> str | None:
@@ -75,12 +96,12 @@ def _last_phrase(text: str) -> str | None:
 def extract_answer(response: str) -> str | None:
     """The raw final answer of a response (before ``normalize``), or None when there is none."""
     text = response[-MAX_RESPONSE_CHARS:]
-    for finder in (_last_boxed, _last_phrase):
+    for finder in (_last_boxed, _last_phrase, _bare_last_line):
         found = finder(text)
         if found is not None:
-            return found.strip()[:MAX_ANSWER_CHARS] or None
-    numbers = _NUMBER.findall(text)
-    return numbers[-1] if numbers else None
+            answer = found.strip()[:MAX_ANSWER_CHARS]
+            return None if not answer or _ALTERNATIVES.search(answer) else answer
+    return None
 
 
 def _strip_text_groups(s: str) -> str:

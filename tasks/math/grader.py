@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tasks.math.equivalence import DEFAULT_SYMBOLIC_TIMEOUT_S, equivalent
 from tasks.math.extract import extract_answer, normalize
+
+_SIDE_BY_SIDE = re.compile(r"\d\s+[\d.]")
 
 
 def grade(
@@ -27,6 +30,10 @@ def grade(
     info["normalized"] = got
     if not got:
         info["reason"] = "empty answer"
+        return 0.0, info
+    if _SIDE_BY_SIDE.search(got):
+        # sympy would read "3 4" as 3*4: two candidates must not score as their product.
+        info["reason"] = "numbers side by side"
         return 0.0, info
     equal, why = equivalent(got, want, timeout_s=timeout_s)
     info["reason"] = why

@@ -79,7 +79,12 @@ def test_generate_with_a_scripted_reply_is_scored_and_token_exact(
 ):
     # Given the stack's backend scripted (LLMSettings.builtin_script) to solve one prompt and fail another
     tasks = [
-        generate(64, messages=[{"role": "user", "content": f"scripted: {verdict} 2 + 2"}], reference="\\boxed{4}")
+        generate(
+            64,
+            messages=[{"role": "user", "content": f"scripted: {verdict} 2 + 2"}],
+            reference="\\boxed{4}",
+            match="contains",
+        )
         for verdict in ("solve", "fail")
     ]
 

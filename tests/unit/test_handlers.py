@@ -91,3 +91,20 @@ def test_echo_run_stops_early_when_cancelled():
     started = time.monotonic()
     result = h.run(config, state, ctx(Stage.RUN, cancelled=True))
     assert result.outcome is Outcome.CANCELLED and time.monotonic() - started < 5
+
+
+def test_generate_pays_an_exact_reply_and_not_one_that_merely_contains_the_reference():
+    from farm.handlers.generate import GenerateConfig, GenerateHandler
+    from farm.schemas import TrajectoryData
+
+    handler = GenerateHandler()
+    empty = TrajectoryData(token_ids=[1], logprobs=[0.0], loss_mask=[0])
+    exact = GenerateConfig(messages=[{"role": "user", "content": "2+2?"}], reference="4")
+    contains = exact.model_copy(update={"match": "contains"})
+
+    def reward(config, reply: str) -> float:
+        return handler.evaluate(config, {"reply": reply}, empty, None).reward  # type: ignore[arg-type]
+
+    assert reward(exact, " 4\n") == 1.0
+    assert reward(exact, "1 2 3 4 5 6 7 8 9") == 0.0  # listing candidates earns nothing
+    assert reward(contains, "1 2 3 4 5 6 7 8 9") == 1.0  # the opt-in, gameable rule

@@ -158,3 +158,35 @@ def test_math_config_rejects_bad_specs_naming_the_field(config, field):
 def test_grade_pathological_responses_finish(response):
     reward, _ = grade(response, "4", timeout_s=1.0)
     assert reward == 0.0
+
+
+@pytest.mark.parametrize(
+    ("response", "reference"),
+    [
+        ("I tried a few things and ended with 5", "5"),  # no final answer: no longer the last number
+        (r"\boxed{4} or maybe \boxed{3}", "4"),  # only the last box is graded
+        ("The result: 5 apples and more text", "5"),
+        (r"\boxed{3 \text{ or } 4}", "4"),
+        ("The answer is 3 or 4.", "3"),
+        (r"\boxed{3 \lor 4}", "4"),
+        (r"\boxed{3 4}", "12"),  # two numbers side by side are not their product
+    ],
+)
+def test_grade_pays_nothing_for_a_cheap_attempt(response, reference):
+    reward, info = grade(response, reference)
+    assert reward == 0.0, info
+
+
+@pytest.mark.parametrize(
+    ("response", "reference"),
+    [
+        (r"First \boxed{3}, no, checking again: \boxed{4.0}.", "4"),  # a corrected answer: the last box
+        ("Working...\n\n$-3/4$", "-0.75"),  # a last line that is only a number
+        ("So the answer is 12 apples.", "12"),
+        (r"\boxed{\frac{3}{4}}", "0.75"),
+        ("Answer: 1,234", "1234"),
+    ],
+)
+def test_grade_still_pays_a_real_answer(response, reference):
+    reward, info = grade(response, reference)
+    assert reward == 1.0, info
