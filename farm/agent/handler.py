@@ -62,11 +62,13 @@ class AgentHandler(TaskHandler[ConfigT]):
         raise NotImplementedError(f"{type(self).__name__} must give the first messages of its task")
 
     def budgets(self, config: ConfigT) -> Budgets:
-        """From the config's ``max_turns``, ``max_episode_tokens`` and ``time_limit_s`` where it has them."""
+        """From the config's ``max_turns``, ``max_episode_tokens``, ``time_limit_s`` and
+        ``keep_unseen_tail`` where it has them."""
         return Budgets(
             max_turns=int(getattr(config, "max_turns", Budgets.max_turns)),
             max_tokens=getattr(config, "max_episode_tokens", None),
             wall_time_s=getattr(config, "time_limit_s", None),
+            keep_unseen_tail=bool(getattr(config, "keep_unseen_tail", False)),
         )
 
     def collect(

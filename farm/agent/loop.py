@@ -86,6 +86,10 @@ class Budgets:
     #: prompt plus reply, the model's context window (backends also refuse past it).
     max_context_tokens: int | None = None
     wall_time_s: float | None = None
+    #: keep what follows the last model turn (an observation and a generation prompt the model never
+    #: saw, when the episode ran out of turns, time or context). Off: a trainer gets only the tokens
+    #: the model saw or sampled, which also keeps the trajectory within the backend's context.
+    keep_unseen_tail: bool = False
 
 
 @dataclass
@@ -108,6 +112,8 @@ class Episode:
     timings: dict[str, float] = field(default_factory=dict)
     moves: list[tuple[str, str]] = field(default_factory=list)
     backend: str | None = None
+    #: tokens after the last model turn left out of the trajectory (see ``Budgets.keep_unseen_tail``).
+    unseen_tail_tokens: int = 0
 
     def info(self) -> dict[str, Any]:
         """JSON-ready summary for ``TrajectoryData.info``."""
@@ -122,6 +128,7 @@ class Episode:
             "moves": [list(move) for move in self.moves],
             "backend": self.backend,
             "forks": len(self.trajectory.forks),
+            "unseen_tail_tokens": self.unseen_tail_tokens,
         }
 
 
@@ -201,6 +208,8 @@ async def run_episode(
     def end(outcome: Outcome, reason: str | None) -> Episode:
         episode.outcome, episode.reason = outcome, reason
         episode.trajectory = builder.build()
+        if not budgets.keep_unseen_tail:
+            episode.unseen_tail_tokens = episode.trajectory.through_last_model_turn()
         episode.timings = clock.timings()
         episode.moves = list(llm.moves)
         episode.backend = llm.backend_id

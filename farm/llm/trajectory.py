@@ -56,6 +56,18 @@ class TokenSegment(BaseModel):
         self.loss_mask.extend([mask] * len(ids))
         self.turns.append(Span(kind=kind, start=start, end=len(self.token_ids)))
 
+    def through_last_model_turn(self) -> int:
+        """Drop what follows the last model turn (observations and a generation prompt the model
+        never saw: an episode that ran out of turns, time or context); returns how many tokens
+        went. A segment without a model turn is left whole."""
+        last = next((span for span in reversed(self.turns) if span.kind == "model"), None)
+        if last is None or last.end == len(self.token_ids):
+            return 0
+        dropped = len(self.token_ids) - last.end
+        del self.token_ids[last.end :], self.logprobs[last.end :], self.loss_mask[last.end :]
+        self.turns = [span for span in self.turns if span.start < last.end]
+        return dropped
+
 
 class Fork(BaseModel):
     """The template could not extend the history; ``before`` is the history up to that point."""

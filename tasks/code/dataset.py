@@ -42,6 +42,10 @@ class CodeConfig(BaseModel):
     timeout_s: float = Field(default=20.0, gt=0, le=600, description="wall-clock limit of the test run")
     max_turns: int = Field(default=4, ge=1, le=50)
     max_episode_tokens: int | None = Field(default=None, ge=1, description="tokens the agent may sample in all")
+    keep_unseen_tail: bool = Field(
+        default=False,
+        description="keep the observation and generation prompt after the last model turn (never seen by the model)",
+    )
     time_limit_s: float | None = Field(default=None, gt=0, description="wall-clock budget of the episode")
 
     @model_validator(mode="after")

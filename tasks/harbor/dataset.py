@@ -26,6 +26,10 @@ class HarborConfig(BaseModel):
     path: str | None = Field(default=None, max_length=4096, description="absolute path of a Harbor task directory")
     max_turns: int = Field(default=30, ge=1, le=500)
     max_episode_tokens: int | None = Field(default=None, ge=1, description="tokens the agent may sample in all")
+    keep_unseen_tail: bool = Field(
+        default=False,
+        description="keep the observation and generation prompt after the last model turn (never seen by the model)",
+    )
     time_limit_s: float | None = Field(default=None, gt=0, description="wall-clock budget of the episode")
 
     @model_validator(mode="after")

@@ -58,7 +58,12 @@ class HarborHandler(AgentHandler[HarborConfig]):
         limit = config.resolve().config.agent.timeout_sec
         if config.time_limit_s is not None:
             limit = min(limit, config.time_limit_s)
-        return Budgets(max_turns=config.max_turns, max_tokens=config.max_episode_tokens, wall_time_s=limit)
+        return Budgets(
+            max_turns=config.max_turns,
+            max_tokens=config.max_episode_tokens,
+            wall_time_s=limit,
+            keep_unseen_tail=config.keep_unseen_tail,
+        )
 
     def messages(
         self, config: HarborConfig, state: dict[str, Any], specs: list[dict[str, Any]]

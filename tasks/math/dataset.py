@@ -37,6 +37,10 @@ class MathConfig(BaseModel):
     answer: str | None = Field(default=None, min_length=1, max_length=500, description="reference answer")
     max_turns: int = Field(default=1, ge=1, le=50, description="turns the agent may take before answering")
     max_episode_tokens: int | None = Field(default=None, ge=1, description="tokens the agent may sample in all")
+    keep_unseen_tail: bool = Field(
+        default=False,
+        description="keep the observation and generation prompt after the last model turn (never seen by the model)",
+    )
     time_limit_s: float | None = Field(default=None, gt=0, description="wall-clock budget of the episode")
 
     @model_validator(mode="after")

@@ -62,6 +62,10 @@ class SweConfig(BaseModel):
     instance_id: str = Field(max_length=200)
     max_turns: int = Field(default=30, ge=1, le=500)
     max_episode_tokens: int | None = Field(default=None, ge=1, description="tokens the agent may sample in all")
+    keep_unseen_tail: bool = Field(
+        default=False,
+        description="keep the observation and generation prompt after the last model turn (never seen by the model)",
+    )
     time_limit_s: float | None = Field(default=None, gt=0, description="wall-clock budget of the episode")
     test_timeout_s: float = Field(default=120.0, gt=0, le=3600, description="wall-clock limit of the test run")
 

@@ -125,6 +125,8 @@ def test_every_task_type_end_to_end_on_the_tiny_model(
     batch = client.submit(mixed_tasks(), group_size=2, sampling={"temperature": 1.0, "max_tokens": 40, "seed": 11})
     results = list(client.results(batch.id, wait_s=10, encoding="json"))
     assert len(results) == 8
+    [model] = httpx.get(f"{tasks_stack.builtin_url}/v1/models").json()["data"]
+    context = model["max_model_len"]
     by_type: dict[str, int] = {}
     for r in results:
         # The random model solves nothing, but every episode is a scored policy outcome, never infra.
@@ -135,6 +137,9 @@ def test_every_task_type_end_to_end_on_the_tiny_model(
         info = r.trajectory.info
         assert info["turns"] >= 1 and set(info["timings"]) >= {"model_s", "tools_s", "farm_s"}
         _check_token_exact(r.trajectory, teacher)
+        # Only what the model saw or sampled: the trajectory ends with its last model turn and fits
+        # the context the backend reports.
+        assert r.trajectory.loss_mask[-1] == 1 and r.trajectory.num_tokens <= context
     assert by_type == {"math": 2, "code": 2, "swe": 2, "harbor": 2}
     # Every sandbox (the agents' and EVAL's fresh ones) is gone once its job is done.
     assert Registry(root=sandbox_root(tasks_stack.settings)).records() == []

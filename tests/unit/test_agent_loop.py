@@ -163,3 +163,36 @@ def test_cancel_stops_before_the_next_turn(tiny_tokenizer: Any) -> None:
 
     episode, _ = _episode(tiny_tokenizer, [format_call("echo", {"text": "a"})], is_cancelled=cancelled)
     assert episode.outcome is Outcome.CANCELLED and episode.turns == 2
+
+
+def _ends_with_its_last_model_turn(trajectory: Any) -> None:
+    assert trajectory.turns[-1].kind == "model" and trajectory.turns[-1].end == len(trajectory.token_ids)
+    assert len(trajectory.token_ids) == len(trajectory.logprobs) == len(trajectory.loss_mask)
+    assert trajectory.loss_mask[-1] == 1
+
+
+def test_an_episode_out_of_turns_ends_with_the_last_tokens_the_model_sampled(tiny_tokenizer: Any) -> None:
+    loop = [format_call("echo", {"text": "again"})]
+    cut, _ = _episode(tiny_tokenizer, loop, budgets=Budgets(max_turns=3))
+    _ends_with_its_last_model_turn(cut.trajectory)
+    assert cut.info()["unseen_tail_tokens"] > 0
+    # Asked for, the observation and generation prompt the model never saw are kept.
+    kept, _ = _episode(tiny_tokenizer, loop, budgets=Budgets(max_turns=3, keep_unseen_tail=True))
+    assert kept.trajectory.turns[-1].kind != "model"
+    assert len(kept.trajectory.token_ids) == len(cut.trajectory.token_ids) + cut.info()["unseen_tail_tokens"]
+    assert kept.trajectory.token_ids[: len(cut.trajectory.token_ids)] == cut.trajectory.token_ids
+
+
+def test_an_episode_out_of_context_fits_the_context(tiny_tokenizer: Any) -> None:
+    loop = [format_call("echo", {"text": "x" * 50})]
+    for limit in (300, 450, 600):
+        episode, _ = _episode(tiny_tokenizer, loop, budgets=Budgets(max_turns=50, max_context_tokens=limit))
+        assert episode.outcome is Outcome.CONTEXT_OVERFLOW
+        _ends_with_its_last_model_turn(episode.trajectory)
+        assert len(episode.trajectory.token_ids) <= limit
+
+
+def test_an_episode_that_finishes_loses_nothing(tiny_tokenizer: Any) -> None:
+    episode, _ = _episode(tiny_tokenizer, [format_call("echo", {"text": "a"}), format_call("submit", {})])
+    assert episode.outcome is Outcome.OK and episode.info()["unseen_tail_tokens"] == 0
+    _ends_with_its_last_model_turn(episode.trajectory)
