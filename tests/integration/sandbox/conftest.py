@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -85,3 +87,19 @@ def need_cgroups() -> None:
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
+
+
+#: the repository, for the PYTHONPATH of owner processes.
+REPO = Path(__file__).resolve().parents[3]
+
+
+def start_owner(script: str, settings: Settings) -> subprocess.Popen[str]:
+    """A separate process (a stand-in for a worker) running ``script`` with the data and sandbox
+    directories as its arguments; it prints one JSON line and waits on stdin."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, str(settings.data_dir), str(settings.sandbox.root_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        text=True,
+    )

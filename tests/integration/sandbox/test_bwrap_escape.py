@@ -8,7 +8,6 @@ import platform
 import signal
 import socket
 import subprocess
-import sys
 import textwrap
 import time
 import uuid
@@ -22,9 +21,9 @@ from farm.sandbox import SandboxSpec, reap_sandboxes
 from farm.sandbox.base import Limits
 from farm.sandbox.common import ServerSandbox
 from farm.sandbox.procs import proc_start_time
+from tests.integration.sandbox.conftest import REPO, start_owner
 
 IN_CI = bool(os.environ.get("CI"))
-REPO = Path(__file__).resolve().parents[3]
 SERVICES = {"redis": ("127.0.0.1", 6379), "postgresql": ("127.0.0.1", 5432)}
 
 
@@ -174,13 +173,7 @@ sys.stdin.read()
 @pytest.mark.usefixtures("need_bwrap")
 def test_killed_worker_leaves_no_orphan_after_reaper(sandbox_settings: Settings) -> None:
     # Given a worker process that created a sandbox with background jobs,
-    worker = subprocess.Popen(
-        [sys.executable, "-c", _OWNER_SCRIPT, str(sandbox_settings.data_dir), str(sandbox_settings.sandbox.root_dir)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        text=True,
-    )
+    worker = start_owner(_OWNER_SCRIPT, sandbox_settings)
     try:
         line = worker.stdout.readline() if worker.stdout else ""
         info = json.loads(line)

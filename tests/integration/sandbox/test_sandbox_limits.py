@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Callable
@@ -23,9 +21,9 @@ from farm.sandbox import SandboxSpec, reap_sandboxes
 from farm.sandbox.base import Limits
 from farm.sandbox.common import ServerSandbox
 from farm.sandbox.disk import IMAGE_FILE
+from tests.integration.sandbox.conftest import start_owner
 
 IN_CI = bool(os.environ.get("CI"))
-REPO = Path(__file__).resolve().parents[3]
 MIB = 1024 * 1024
 QUOTA_MB = 64
 
@@ -171,13 +169,7 @@ sys.stdin.read()
 @pytest.mark.usefixtures("need_bwrap")
 def test_disk_quota_mount_goes_when_the_owner_is_killed_and_reaped(sandbox_settings: Settings) -> None:
     # Given a worker holding a sandbox with a mounted quota, files in it and processes whose cwd is on it,
-    worker = subprocess.Popen(
-        [sys.executable, "-c", _OWNER_SCRIPT, str(sandbox_settings.data_dir), str(sandbox_settings.sandbox.root_dir)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        text=True,
-    )
+    worker = start_owner(_OWNER_SCRIPT, sandbox_settings)
     try:
         info = json.loads(worker.stdout.readline() if worker.stdout else "")
         # When the worker is SIGKILLed,
