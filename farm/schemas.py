@@ -194,6 +194,21 @@ class Health(BaseModel):
     version: str
 
 
+class ShippedTask(BaseModel):
+    """One task a task family ships: submit ``{"type": <family>, "config": config}``."""
+
+    id: str
+    config: dict[str, Any]
+    about: str | None = None
+
+
+class TaskSet(BaseModel):
+    """The tasks one installed task family ships with it."""
+
+    type: str
+    tasks: list[ShippedTask]
+
+
 class BackendCreate(BaseModel):
     """An LLM inference server to add to the balancer."""
 

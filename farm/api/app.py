@@ -15,7 +15,7 @@ from farm.api.deps import AppState, require_token
 from farm.api.errors import BodyLimitMiddleware, error_responses, install_error_handlers
 from farm.api.events import FinishNotifier
 from farm.api.openapi import install_openapi
-from farm.api.routes import backends, batches, health, jobs
+from farm.api.routes import backends, batches, health, jobs, tasks
 from farm.config import Settings
 from farm.db import backends as registry
 from farm.db.session import make_engine, make_session_factory, transaction
@@ -80,4 +80,5 @@ def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastA
     app.include_router(batches.router, dependencies=protected, responses=answers)
     app.include_router(jobs.router, dependencies=protected, responses=answers)
     app.include_router(backends.router, dependencies=protected, responses=answers)
+    app.include_router(tasks.router, dependencies=protected, responses=answers)
     return app

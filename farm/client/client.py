@@ -28,6 +28,7 @@ from farm.schemas import (
     JobResult,
     ResultsPage,
     SamplingParams,
+    TaskSet,
     TaskSpec,
     TrajectoryOut,
 )
@@ -109,6 +110,12 @@ class FarmClient:
 
     def handlers(self) -> list[HandlerInfo]:
         return [HandlerInfo.model_validate(h) for h in _check(self._http.get("/v1/handlers")).json()]
+
+    def tasks(self, type: str | None = None) -> list[TaskSet]:
+        """The tasks each installed task family ships (``type``: one family), with the config that
+        submits each."""
+        response = _check(self._http.get("/v1/tasks", params={"type": type} if type else None))
+        return [TaskSet.model_validate(item) for item in response.json()]
 
     def submit(
         self,
@@ -226,6 +233,11 @@ class AsyncFarmClient:
 
     async def health(self) -> Health:
         return _parse(Health, await self._http.get("/readyz"))
+
+    async def tasks(self, type: str | None = None) -> list[TaskSet]:
+        """See ``FarmClient.tasks``."""
+        response = _check(await self._http.get("/v1/tasks", params={"type": type} if type else None))
+        return [TaskSet.model_validate(item) for item in response.json()]
 
     async def submit(
         self,

@@ -6,7 +6,7 @@ import json
 import random
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -78,3 +78,8 @@ def sample_configs(n: int, *, seed: int = 0) -> list[dict[str, str]]:
     """``n`` task configs (``{"problem_id": ...}``) drawn without replacement, reproducibly."""
     pool = list_problems()
     return [{"problem_id": p.id} for p in random.Random(seed).sample(pool, min(n, len(pool)))]
+
+
+def shipped() -> list[dict[str, Any]]:
+    """The shipped problems as the API's task list serves them (``GET /v1/tasks``)."""
+    return [{"id": p.id, "config": {"problem_id": p.id}, "about": p.entry_point} for p in list_problems()]

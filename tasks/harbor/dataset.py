@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -59,3 +60,8 @@ def sample_configs(n: int, *, seed: int = 0) -> list[dict[str, str]]:
     """``n`` task configs (``{"example": ...}``), drawn with replacement: only a few examples ship."""
     rng = random.Random(seed)
     return [{"example": rng.choice(list_examples())} for _ in range(n)]
+
+
+def shipped() -> list[dict[str, Any]]:
+    """The shipped example tasks as the API's task list serves them (``GET /v1/tasks``)."""
+    return [{"id": name, "config": {"example": name}, "about": "harbor example"} for name in list_examples()]

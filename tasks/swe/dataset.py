@@ -12,6 +12,7 @@ import json
 import random
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -98,3 +99,8 @@ def sample_configs(n: int, *, seed: int = 0) -> list[dict[str, str]]:
     """``n`` task configs (``{"instance_id": ...}``) drawn without replacement, reproducibly."""
     pool = list_instances()
     return [{"instance_id": i.instance_id} for i in random.Random(seed).sample(pool, min(n, len(pool)))]
+
+
+def shipped() -> list[dict[str, Any]]:
+    """The shipped instances as the API's task list serves them (``GET /v1/tasks``)."""
+    return [{"id": i.instance_id, "config": {"instance_id": i.instance_id}, "about": i.repo} for i in list_instances()]

@@ -242,3 +242,39 @@ def test_backend_url_a_client_cannot_parse_is_a_422_naming_url(api: TestClient):
         assert_error(response, 422, "invalid_request", field="url")
     ok = api.post("/v1/backends", json={"url": "http://[::1]:8000/v1"}, headers=AUTH)
     assert ok.status_code == 201 and ok.json()["url"] == "http://[::1]:8000/v1"
+
+
+def test_tasks_lists_what_each_family_ships_with_the_config_that_submits_it(api: TestClient):
+    listed = api.get("/v1/tasks", headers=AUTH)
+    assert listed.status_code == 200
+    by_type = {family["type"]: family["tasks"] for family in listed.json()}
+    assert set(by_type) == {"math", "code", "swe", "harbor"}
+    assert len(by_type["math"]) == 120 and all(t["config"] == {"problem_id": t["id"]} for t in by_type["math"])
+    assert {t["config"]["example"] for t in by_type["harbor"]} >= {"hello-file"}
+    # Each listed config is accepted as it is.
+    batch = {"tasks": [{"type": family, "config": tasks[0]["config"]} for family, tasks in by_type.items()]}
+    assert api.post("/v1/batches", json=batch, headers=AUTH).status_code == 201
+    [only] = api.get("/v1/tasks", params={"type": "swe"}, headers=AUTH).json()
+    assert only["type"] == "swe" and only["tasks"] == by_type["swe"]
+    assert_error(api.get("/v1/tasks", params={"type": "chess"}, headers=AUTH), 404, "not_found", says="math")
+    assert api.get("/v1/tasks").status_code == 401
+
+
+def test_listing_tasks_imports_no_sandbox_agent_or_tool_code(tmp_path: Path, pg_url: str, redis_url: str):
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+from fastapi.testclient import TestClient
+from farm.api.app import create_app
+from farm.config import Settings
+settings = Settings(data_dir={str(tmp_path)!r}, database={{"url": {pg_url!r}}}, redis={{"url": {redis_url!r}}},
+                    api={{"token": "t"}})
+with TestClient(create_app(settings)) as api:
+    assert api.get("/v1/tasks", headers={{"Authorization": "Bearer t"}}).status_code == 200
+print(sorted(m for m in sys.modules if m.startswith(("farm.sandbox", "farm.agent", "farm.tools"))))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

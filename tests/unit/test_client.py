@@ -126,3 +126,18 @@ def test_client_imports_nothing_of_the_server_side():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_tasks_asks_for_one_family_or_all_and_parses_them():
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        body = [{"type": "math", "tasks": [{"id": "p1", "config": {"problem_id": "p1"}, "about": "algebra"}]}]
+        return httpx.Response(200, json=body)
+
+    with FarmClient("http://farm", token="t", transport=httpx.MockTransport(handler)) as client:
+        [family] = client.tasks("math")
+        client.tasks()
+    assert family.type == "math" and family.tasks[0].config == {"problem_id": "p1"}
+    assert seen == ["http://farm/v1/tasks?type=math", "http://farm/v1/tasks"]
