@@ -45,6 +45,8 @@ REDIS_RESTART_AT_S, POSTGRES_STOP_AT_S, API_KILL_AT_S = 6.0, 12.0, 18.0
 POSTGRES_DOWN_S = 2.0
 #: how long all of a node's workers must be gone before it counts as lost.
 NODE_LOST_S = 3.0
+#: node loss and backend loss: ~20 s of work each without faults.
+SHORT_DEADLINE_S = 120.0
 
 
 def echo(i: int, sleeps: dict[str, float]) -> dict:
@@ -203,7 +205,7 @@ def test_node_lost_jobs_restart_or_fail_and_none_is_left_owed(on_node_lost: str,
     )
     assert affected, "no job was past INIT on nodeA when it was lost"
     # then every job ends once: restarted on nodeB and done, or failed as infra_error "node lost".
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + SHORT_DEADLINE_S
     while not reader.done and time.monotonic() < deadline:
         farm.revive_exited(keep_dead={p.name for p in node_a})
         time.sleep(0.2)
@@ -293,7 +295,7 @@ def test_backend_killed_mid_rollout_every_job_ends_once_token_exact(
     wait_for(lambda: from_a() >= 2, timeout_s=120, what="backend-a to finish some rollouts")
     running = db_scalar(crash_db, "select count(*) from jobs where state = 'run' and not stage_done")
     farm.kill(farm.procs["backend-a"], kind="backend_sigkill")
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + SHORT_DEADLINE_S
     while not reader.done and time.monotonic() < deadline:
         farm.revive_exited(keep_dead={"backend-a"})
         time.sleep(0.2)
