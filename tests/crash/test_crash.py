@@ -127,14 +127,18 @@ def chaos_scenario(name: str, make_farm, crash_db: str, postgres: PrivatePostgre
     reader = ResultsReader(farm, batch.id, len(batch.job_ids)).start()
     try:
         run_chaos(farm, reader, redis=redis, postgres=postgres, seed=len(name))
-        # The faults are over: give the stream its last page, then stop reading.
-        wait_for(lambda: reader.done, timeout_s=30, what="the results stream to catch up", poll_s=0.5)
-    except AssertionError:
+        # The faults are over: give the stream its last page.
+        finish_reading(reader, timeout_s=30)
+    finally:
         reader.stop()
-        stats = _safe_check(crash_db, batch.id, batch.job_ids, reader)
-        summary(name, jobs=len(batch.job_ids), faults=farm.faults, seconds=float("nan"), extra=stats)
-        raise
-    reader.stop()
+    if not reader.done:
+        summary(
+            name,
+            jobs=CHAOS_JOBS,
+            faults=farm.faults,
+            seconds=float("nan"),
+            extra=_safe_check(crash_db, batch.id, reader),
+        )
     stats = check_batch(crash_db, batch.id, batch.job_ids, reader)
     assert stats["states"] == {JobState.DONE.value: CHAOS_JOBS}, stats["states"]
     assert farm.faults["worker_sigkill"] >= 3
@@ -147,7 +151,19 @@ def chaos_scenario(name: str, make_farm, crash_db: str, postgres: PrivatePostgre
     )
 
 
-def _safe_check(crash_db: str, batch_id: int, job_ids: list[int], reader: ResultsReader) -> str:
+def finish_reading(
+    reader: ResultsReader, *, timeout_s: float, farm: Farm | None = None, keep_dead: set[str] = frozenset()
+) -> None:
+    """Wait (no assert: the checks that follow say what is missing) for the reader to see every job,
+    starting again, as a supervisor would, any farm process that exits by itself."""
+    deadline = time.monotonic() + timeout_s
+    while not reader.done and time.monotonic() < deadline:
+        if farm is not None:
+            farm.revive_exited(keep_dead=keep_dead)
+        time.sleep(0.2)
+
+
+def _safe_check(crash_db: str, batch_id: int, reader: ResultsReader) -> str:
     """What the batch looks like when a scenario timed out, for the failure message."""
     from tests.crash.harness import batch_rows, describe_stuck
 
@@ -205,10 +221,7 @@ def test_node_lost_jobs_restart_or_fail_and_none_is_left_owed(on_node_lost: str,
     )
     assert affected, "no job was past INIT on nodeA when it was lost"
     # then every job ends once: restarted on nodeB and done, or failed as infra_error "node lost".
-    deadline = time.monotonic() + SHORT_DEADLINE_S
-    while not reader.done and time.monotonic() < deadline:
-        farm.revive_exited(keep_dead={p.name for p in node_a})
-        time.sleep(0.2)
+    finish_reading(reader, timeout_s=SHORT_DEADLINE_S, farm=farm, keep_dead={p.name for p in node_a})
     reader.stop()
     if not reader.done:
         summary(
@@ -216,7 +229,7 @@ def test_node_lost_jobs_restart_or_fail_and_none_is_left_owed(on_node_lost: str,
             jobs=jobs,
             faults=farm.faults,
             seconds=float("nan"),
-            extra=_safe_check(crash_db, batch.id, batch.job_ids, reader),
+            extra=_safe_check(crash_db, batch.id, reader),
         )
     stats = check_batch(crash_db, batch.id, batch.job_ids, reader)
     by_id = {j["id"]: j for j in stats["jobs"]}
@@ -295,10 +308,7 @@ def test_backend_killed_mid_rollout_every_job_ends_once_token_exact(
     wait_for(lambda: from_a() >= 2, timeout_s=120, what="backend-a to finish some rollouts")
     running = db_scalar(crash_db, "select count(*) from jobs where state = 'run' and not stage_done")
     farm.kill(farm.procs["backend-a"], kind="backend_sigkill")
-    deadline = time.monotonic() + SHORT_DEADLINE_S
-    while not reader.done and time.monotonic() < deadline:
-        farm.revive_exited(keep_dead={"backend-a"})
-        time.sleep(0.2)
+    finish_reading(reader, timeout_s=SHORT_DEADLINE_S, farm=farm, keep_dead={"backend-a"})
     reader.stop()
 
     # then every job ends once, done, each trajectory token-exact for the backend that produced it.
