@@ -42,7 +42,9 @@ def seed_batch(url: str, count: int, lo: int, hi: int) -> tuple[int, int]:
     now = utcnow()
     total = 0
     with transaction(sessions) as session:
-        batch, job_ids = queries.create_batch(session, request, idempotency_key=None, digest="bench", now=now)
+        batch, job_ids = queries.create_batch(
+            session, request, idempotency_key=None, digest="bench", now=now, owed_until=now
+        )
         for seq, job_id in enumerate(job_ids, start=1):
             n = int(rng.integers(lo, hi + 1))
             total += n

@@ -73,9 +73,17 @@ class WorkerSettings(BaseModel):
     max_attempts: int = 3
     retry_delay_s: float = 2.0
     #: a running stage holds a lease it renews every lease_s/3; when it lapses (worker killed)
-    #: the sweeper re-sends the stage.
-    lease_s: float = 30.0
-    sweep_interval_s: float = 5.0
+    #: the sweeper re-sends the stage. A stage owed to a job (its next stage, a retry) whose
+    #: message nobody claimed within lease_s is sent again, unless it is still waiting in its queue.
+    lease_s: float = Field(default=30.0, gt=0)
+    #: how often each worker process reports its node alive, and one of them sweeps and reconciles.
+    sweep_interval_s: float = Field(default=5.0, gt=0)
+    #: a node none of whose worker processes has reported for this long is lost: its jobs past
+    #: INIT (their sandboxes lived there) start over from INIT elsewhere, or fail, as on_node_lost says.
+    node_lost_s: float = Field(default=120.0, gt=0)
+    #: ``restart``: a lost node's jobs start over from INIT (at most max_attempts times each, then
+    #: they fail); ``fail``: they end failed, outcome infra_error, reason "node lost: ...".
+    on_node_lost: Literal["restart", "fail"] = "restart"
     #: Celery's two INFO lines per task (received, succeeded). Off by default: at hundreds of
     #: stages a second they cost ~0.7 ms of worker CPU per stage, and farm logs every stage that
     #: does not simply complete (skipped, discarded, retried, failed) on its own.

@@ -99,6 +99,12 @@ def sweep_turn_key() -> str:
     return f"{REDIS_PREFIX}sweep:turn"
 
 
+def epoch_key() -> str:
+    """Set once by the first worker that finds it missing: a Redis that lost it (restarted empty,
+    flushed) lost every queued message too, and that worker re-sends everything owed."""
+    return f"{REDIS_PREFIX}epoch"
+
+
 def batch_events_channel(batch_id: int) -> str:
     return f"{REDIS_PREFIX}batch:{batch_id}:events"
 

@@ -107,6 +107,17 @@ def pg_url(postgres_url: str) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+def module_pg_url(postgres_url: str) -> Iterator[str]:
+    """A migrated PostgreSQL database for one test module's farm. One database is one farm: its
+    workers re-send whatever the database owes, and its API registers the backends every farm
+    on that database routes to."""
+    from farm.testing import temporary_database
+
+    with temporary_database(postgres_url, prefix="farm_mod") as url:
+        yield url
+
+
 @pytest.fixture
 def own_pg_url(postgres_url: str) -> Iterator[str]:
     """A migrated PostgreSQL database of the test's own. For a farm whose stages must be re-sent

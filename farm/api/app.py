@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import redis
 from celery import Celery
@@ -15,11 +16,17 @@ from farm.api.errors import BodyLimitMiddleware, install_error_handlers
 from farm.api.events import FinishNotifier
 from farm.api.routes import backends, batches, health, jobs
 from farm.config import Settings
-from farm.db.session import make_engine, make_session_factory
+from farm.db import backends as registry
+from farm.db.session import make_engine, make_session_factory, transaction
 from farm.errors import ConfigError
 from farm.llm.balancer import Balancer
 from farm.llm.health import HealthChecker
 from farm.worker.app import make_celery_app
+
+
+def _registered(state: AppState) -> list[dict[str, Any]]:
+    with transaction(state.sessions) as session:
+        return registry.registered(session)
 
 
 def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastAPI:
@@ -39,7 +46,8 @@ def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastA
         balancer=balancer,
     )
     # Probes every backend's /health, ejecting dead ones and re-admitting them when they answer.
-    checker = HealthChecker.from_settings(balancer, settings.llm)
+    # Also puts back, from the database, backends Redis lost.
+    checker = HealthChecker.from_settings(balancer, settings.llm, registered=lambda: _registered(state))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -60,6 +68,7 @@ def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastA
         lifespan=lifespan,
     )
     app.state.farm = state
+    app.state.farm_checker = checker
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api.max_body_bytes)
     app.include_router(health.router)

@@ -51,6 +51,7 @@ def finishes(stage: Stage, run_result: RunResult | None) -> bool:
 def _result(
     claim: Claim,
     now: datetime,
+    owed_until: datetime,
     init_state: dict[str, Any] | None,
     run_result: RunResult | None,
     eval_result: EvalResult | None,
@@ -82,7 +83,8 @@ def _result(
         values.update(outcome=claim.outcome or Outcome.OK, reason=claim.reason, reward=eval_result.reward)
     if result.finish is None:
         result.next_stage, result.task_id = NEXT_STAGE[stage], uuid.uuid4().hex
-        values["task_id"] = result.task_id
+        # The next stage is owed from this commit on: sent again at owed_until unless claimed.
+        values.update(task_id=result.task_id, lease_until=owed_until)
     values["stage_data"] = {"state": state, "timings": timings}
     return result
 
@@ -93,6 +95,7 @@ def complete_next(
     *,
     worker: str,
     now: datetime,
+    owed_until: datetime,
     init_state: dict[str, Any] | None = None,
     run_result: RunResult | None = None,
     eval_result: EvalResult | None = None,
@@ -103,7 +106,7 @@ def complete_next(
     out under the row lock), and always on SQLite."""
     if conn.dialect.name != "postgresql":
         return None
-    result = _result(claim, now, init_state, run_result, eval_result)
+    result = _result(claim, now, owed_until, init_state, run_result, eval_result)
     writes = _writes(claim, worker, now, result, run_result, eval_result)
     if not _write_owned(conn, claim, worker, now, result, writes):
         return None
@@ -122,13 +125,14 @@ def complete_stage(
     *,
     worker: str,
     now: datetime,
+    owed_until: datetime,
     init_state: dict[str, Any] | None = None,
     run_result: RunResult | None = None,
     eval_result: EvalResult | None = None,
 ) -> Completion:
     """Record a stage's result and decide what comes next. Idempotent per stage: a re-run
     overwrites its own trajectory row rather than adding a second one."""
-    result = _result(claim, now, init_state, run_result, eval_result)
+    result = _result(claim, now, owed_until, init_state, run_result, eval_result)
     writes = _writes(claim, worker, now, result, run_result, eval_result)
     if not _write_owned(session, claim, worker, now, result, writes):
         job, why = jobrows.owned_attempt(session, claim.job_id, claim.stage, worker)
@@ -137,7 +141,7 @@ def complete_stage(
         # Still ours, but not the attempt this worker claimed (the same worker took the stage
         # over after its lease lapsed): write what the job row says.
         claim = _as_claimed(job, claim.stage)
-        result = _result(claim, now, init_state, run_result, eval_result)
+        result = _result(claim, now, owed_until, init_state, run_result, eval_result)
         writes = _writes(claim, worker, now, result, run_result, eval_result)
         jobrows.set_values(session, claim.job_id, **result.values)
         attempts.write_apart(session, claim.job_id, writes)

@@ -24,7 +24,7 @@ from datetime import datetime
 from sqlalchemy import Connection, select, update
 
 from farm.constants import TERMINAL_STATES, BatchState, JobState, Outcome, Stage, StageStatus
-from farm.db import attempts, jobrows
+from farm.db import attempts, jobrows, teardowns
 from farm.db import statements as sql
 from farm.db.base import utcnow
 from farm.db.jobrows import LOST_ERROR, STAGE_STATE, STATE_STAGE
@@ -66,8 +66,9 @@ def fail_stage(
     return True
 
 
-def cancel_batch(session: Connection, *, batch_id: int, now: datetime) -> list[str]:
-    """Cancel every unfinished job of a batch; returns the Celery task ids to revoke."""
+def cancel_batch(session: Connection, *, batch_id: int, now: datetime, teardown_due: datetime) -> list[str]:
+    """Cancel every unfinished job of a batch; returns the Celery task ids to revoke. Each job past
+    INIT is owed a teardown on its node, sent again at ``teardown_due`` if not done by then."""
     jobs = session.execute(
         select(*sql.JOB_COLUMNS)
         .where(Job.batch_id == batch_id, Job.state.not_in(list(TERMINAL_STATES)))
@@ -101,6 +102,15 @@ def cancel_batch(session: Connection, *, batch_id: int, now: datetime) -> list[s
             }
         )
     session.execute(sql.UPDATE_JOB, rows)
+    teardowns.owe(
+        session,
+        [
+            {"job_id": job.id, "node": job.node, "stage": teardowns.stage_for(job.state)}
+            for job in jobs
+            if job.node is not None and job.state is not JobState.QUEUED
+        ],
+        due_at=teardown_due,
+    )
     # Only INIT messages are revoked: a job past INIT holds a sandbox on its node, and its next
     # message must still arrive there to tear it down (the claim sees the cancel).
     return [job.task_id for job in jobs if job.state is JobState.QUEUED and job.task_id]

@@ -25,12 +25,13 @@ def _enum(cls: type[Enum]) -> SAEnum:
     return SAEnum(cls, native_enum=False, length=32, values_callable=lambda e: [m.value for m in e])
 
 
-#: the legal moves of a job; anything else raises InvalidTransition.
+#: the legal moves of a job; anything else raises InvalidTransition. The way back to ``queued``
+#: is taken only when the node holding the job's sandbox is lost (``farm.db.nodes``).
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.INIT, JobState.FAILED, JobState.CANCELLED}),
-    JobState.INIT: frozenset({JobState.RUN, JobState.FAILED, JobState.CANCELLED}),
-    JobState.RUN: frozenset({JobState.EVAL, JobState.FAILED, JobState.CANCELLED}),
-    JobState.EVAL: frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELLED}),
+    JobState.INIT: frozenset({JobState.RUN, JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.RUN: frozenset({JobState.EVAL, JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.EVAL: frozenset({JobState.DONE, JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}),
     JobState.DONE: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),
@@ -113,7 +114,11 @@ class Job(Base):
     stage_attempts: Mapped[int] = mapped_column(Integer, default=0)
     node: Mapped[str | None] = mapped_column(String(200))
     worker: Mapped[str | None] = mapped_column(String(200))
+    #: while a stage runs: its lease. While the next stage is owed (``stage_done`` and not final):
+    #: when the reconciler sends its message again if no worker has claimed it by then.
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: times the job started over from INIT because the node that held its sandbox was lost.
+    restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     task_id: Mapped[str | None] = mapped_column(String(64))
     #: when the attempt in progress began; its stage_runs row is written only when it ends
     #: (one INSERT instead of an INSERT at the claim and an UPDATE at the end).
@@ -129,6 +134,49 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     stages: Mapped[list[StageRun]] = relationship(order_by="StageRun.id", cascade="all, delete-orphan")
+
+
+class Node(Base):
+    """A node's last sign of life: every worker process on it writes ``seen_at`` each sweep
+    interval. A node with jobs past INIT and no sign of life for ``worker.node_lost_s`` is lost."""
+
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    #: since when it has reported without a gap: only a node heard from throughout the bound may
+    #: call another node lost (after a database outage every node is silent, none is lost).
+    beating_since: Mapped[datetime] = mapped_column(UTCDateTime)
+    #: when its jobs were last handed on (restarted or failed) because it was lost.
+    lost_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class Teardown(Base):
+    """A teardown the farm owes: a job ended (cancelled) while its sandbox was on ``node``.
+    Written by the commit that ends the job, deleted when a worker on the node has torn it down;
+    until then the reconciler sends the job's stage message to the node again at ``due_at``."""
+
+    __tablename__ = "teardowns"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    node: Mapped[str] = mapped_column(String(200))
+    #: the stage whose message reaches the node (its claim finds the job ended and tears down).
+    stage: Mapped[Stage] = mapped_column(_enum(Stage))
+    due_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class LLMBackend(Base):
+    """A registered LLM backend: the balancer's set in Redis is rebuilt from these rows when
+    Redis comes back empty (load and health are live figures and stay in Redis)."""
+
+    __tablename__ = "backends"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    url: Mapped[str] = mapped_column(String(2000))
+    kind: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str | None] = mapped_column(String(500))
+    capacity: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class StageRun(Base):

@@ -54,11 +54,19 @@ def _job_seed(base: int | None, ordinal: int) -> int:
 
 
 def create_batch(
-    session: Session, request: BatchCreate, *, idempotency_key: str | None, digest: str, now: datetime
+    session: Session,
+    request: BatchCreate,
+    *,
+    idempotency_key: str | None,
+    digest: str,
+    now: datetime,
+    owed_until: datetime,
 ) -> tuple[Batch, list[int]]:
     """Insert the batch, one group per task and ``group_size`` jobs per group; returns the batch
-    and its job ids in order. Groups and jobs go in as multi-row Core INSERTs: ORM objects for
-    every job cost more than writing the rows."""
+    and its job ids in order. Each job is owed its INIT from this commit on: the reconciler sends
+    it at ``owed_until`` if no worker has claimed it by then (the API crashed before sending).
+    Groups and jobs go in as multi-row Core INSERTs: ORM objects for every job cost more than
+    writing the rows."""
     n = request.group_size
     batch = Batch(
         idempotency_key=idempotency_key,
@@ -92,6 +100,7 @@ def create_batch(
             "stage_attempts": 0,
             "stage_data": {},
             "created_at": now,
+            "lease_until": owed_until,
             "task_id": secrets.token_hex(16),
         }
         for index, (group_id, task) in enumerate(zip(group_ids, request.tasks, strict=True))

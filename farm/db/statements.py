@@ -66,6 +66,7 @@ JOB_COLUMNS = [
         "reason",
         "task_id",
         "created_at",
+        "restarts",
     )
 ]
 #: what a claim hands on of the job row (``claims._granted``): the usual claim returns only

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 
@@ -34,16 +36,42 @@ class HealthChecker:
         interval_s: float = DEFAULT_HEALTH_INTERVAL_S,
         probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
+        registered: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.balancer = balancer
+        #: the durable registry (``farm.db.backends.registered``): backends Redis lost are put back.
+        self._registered = registered
         self.interval_s = interval_s
         self._http = httpx.Client(timeout=probe_timeout_s, transport=transport)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def from_settings(cls, balancer: Balancer, settings: LLMSettings) -> HealthChecker:
-        return cls(balancer, interval_s=settings.health_interval_s, probe_timeout_s=settings.probe_timeout_s)
+    def from_settings(
+        cls,
+        balancer: Balancer,
+        settings: LLMSettings,
+        *,
+        registered: Callable[[], list[dict[str, Any]]] | None = None,
+    ) -> HealthChecker:
+        return cls(
+            balancer,
+            interval_s=settings.health_interval_s,
+            probe_timeout_s=settings.probe_timeout_s,
+            registered=registered,
+        )
+
+    def restore(self) -> int:
+        """Put back the registered backends Redis no longer has (it restarted empty); returns how
+        many. They come back healthy with no load; the probes that follow correct the health."""
+        if self._registered is None:
+            return 0
+        present = {backend.id for backend in self.balancer.backends()}
+        missing = [fields for fields in self._registered() if fields["backend_id"] not in present]
+        for fields in missing:
+            self.balancer.add_backend(**fields)
+            log.warning("LLM backend %s was missing from Redis: registered again", fields["backend_id"])
+        return len(missing)
 
     def probe(self, backend: Backend) -> bool:
         try:
@@ -53,6 +81,7 @@ class HealthChecker:
 
     def run_once(self) -> dict[str, bool]:
         """Probe every backend once (in parallel). Returns each backend's health afterwards."""
+        self.restore()
         backends = self.balancer.backends()
         if not backends:
             return {}

@@ -39,17 +39,22 @@ PUBLISH_BATCH = 500
 
 
 def send_init_many(app: Celery, jobs: Iterable[tuple[int, str | None]]) -> int:
-    """Enqueue INIT for many jobs: one pooled producer, and kombu's publish batch, which sends
-    ``PUBLISH_BATCH`` messages per Redis pipeline instead of one round trip (and one client
-    object) per message. A failed flush raises; the batch then stays un-enqueued and a resubmit
-    sends it again."""
+    """Enqueue INIT for many jobs (see ``send_many``). A failed flush raises; the jobs stay owed
+    and the reconciler sends them again."""
+    return send_many(app, ((job_id, Stage.INIT, None, task_id) for job_id, task_id in jobs))
+
+
+def send_many(app: Celery, messages: Iterable[tuple[int, Stage, str | None, str | None]]) -> int:
+    """Send many stage messages (job id, stage, node, task id): one pooled producer, and kombu's
+    publish batch, which sends ``PUBLISH_BATCH`` messages per Redis pipeline instead of one round
+    trip (and one client object) per message."""
     sent = 0
     with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_BATCH):
-        for job_id, task_id in jobs:
+        for job_id, stage, node, task_id in messages:
             app.send_task(
-                TASK_FOR_STAGE[Stage.INIT],
+                TASK_FOR_STAGE[stage],
                 args=[job_id],
-                queue=queue_name(Stage.INIT),
+                queue=queue_name(stage, node),
                 task_id=task_id,
                 producer=producer,
                 declare=NO_DECLARE,

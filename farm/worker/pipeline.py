@@ -19,7 +19,7 @@ from typing import Any
 from celery import Celery
 
 from farm.constants import Outcome, Stage, batch_events_channel
-from farm.db import claims, completions, lifecycle
+from farm.db import claims, completions, lifecycle, teardowns
 from farm.db.base import utcnow
 from farm.errors import FarmError, Retry
 from farm.handlers.base import StageContext, TaskHandler
@@ -110,6 +110,7 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
         if done.reason == "cancelled":
             # What this stage made (INIT's sandbox, say) was not recorded: tear it down too.
             _teardown(rt, handler, config, claim, ctx, produced=_produced_state(results))
+            _settle_teardown(rt, job_id)
         log.info("job %s %s: result discarded (%s)", job_id, stage.value, done.reason)
         return StageReport(job_id, stage, "discarded", done.reason)
     if done.next_stage is not None:
@@ -147,14 +148,15 @@ def _complete(rt: FarmRuntime, claim: claims.Claim, worker: str, results: dict[s
     waiting for the disk only if it finishes the job; anything else (an attempt this worker no
     longer holds as claimed, SQLite) in a transaction."""
     now = utcnow()
+    owed_until = now + timedelta(seconds=rt.settings.worker.lease_s)
     durable = completions.finishes(claim.stage, results.get("run_result"))
     if (autocommit := rt.autocommit(durable=durable)) is not None:
         with autocommit.connect() as conn:
-            done = completions.complete_next(conn, claim, worker=worker, now=now, **results)
+            done = completions.complete_next(conn, claim, worker=worker, now=now, owed_until=owed_until, **results)
         if done is not None:
             return done
     with rt.engine.begin() as session:
-        return completions.complete_stage(session, claim, worker=worker, now=now, **results)
+        return completions.complete_stage(session, claim, worker=worker, now=now, owed_until=owed_until, **results)
 
 
 def _call_stage(
@@ -194,6 +196,7 @@ def _skipped(rt: FarmRuntime, claim: claims.Claim) -> StageReport:
             pass
         else:
             _teardown(rt, handler, config, claim, _context(rt, claim, time.monotonic() + 60, None))
+            _settle_teardown(rt, claim.job_id)
     log.info("job %s %s: skipped (%s)", claim.job_id, claim.stage.value, claim.skip)
     return StageReport(claim.job_id, claim.stage, "skipped", claim.skip)
 
@@ -272,6 +275,15 @@ def _teardown(
         _resolve(rt, handler.teardown(config, state, ctx), timeout_s=TEARDOWN_TIMEOUT_S)
     except Exception:  # a failed cleanup must not change how the job is reported
         log.exception("job %s: teardown failed", claim.job_id)
+
+
+def _settle_teardown(rt: FarmRuntime, job_id: int) -> None:
+    """The job's sandbox on this node is gone: the teardown a cancel left owed is paid."""
+    try:
+        with rt.engine.begin() as session:
+            teardowns.settle(session, job_id)
+    except Exception:  # still owed: the reconciler sends the message again and this runs again
+        log.warning("job %s: cannot record its teardown as done", job_id, exc_info=True)
 
 
 def _publish_finished(rt: FarmRuntime, batch_id: int) -> None:

@@ -1,11 +1,13 @@
 """Re-sends stages whose worker died: the database, not Redis, is the record of what is owed.
 
-Every worker process runs one sweeper thread, and one of them sweeps per interval: the one
-that takes the turn key in Redis first (if Redis is away, each sweeps). A stage whose lease
-lapsed (its worker was killed, or hung past its deadline) has its lease cleared and its message
-sent again to the job's node; the claim on the other side counts the attempt. Two sweepers
-never re-send the same stage: the rows are locked with SKIP LOCKED and the lease is cleared in
-that transaction.
+Every worker process runs one sweeper thread. Each interval every process reports its node
+alive and checks that Redis still holds the farm's epoch (``farm.worker.reconciler``), and one
+process sweeps: the one that takes the turn key in Redis first (if Redis is away, each sweeps).
+A sweep re-sends stages whose lease lapsed (its worker was killed, or hung past its deadline),
+after clearing the lease, to the job's node (the claim on the other side counts the attempt);
+then owed stages nobody claimed in time; then it hands on the jobs of lost nodes. Two sweepers
+never re-send the same stage: the rows are locked with SKIP LOCKED and the lease is cleared or
+postponed in that transaction.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from farm.db.base import utcnow
 from farm.db.lifecycle import expired_leases
 from farm.worker.app import FarmRuntime
 from farm.worker.enqueue import send_stage
+from farm.worker.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +52,11 @@ def take_turn(rt: FarmRuntime) -> bool:
 
 
 class Sweeper:
-    """Runs ``sweep_once`` every ``sweep_interval_s`` on a daemon thread."""
+    """Runs ``tick`` every ``sweep_interval_s`` on a daemon thread."""
 
     def __init__(self, rt: FarmRuntime, app: Celery) -> None:
         self._rt, self._app = rt, app
+        self.reconciler = Reconciler(rt, app)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="farm-sweeper", daemon=True)
 
@@ -65,8 +69,25 @@ class Sweeper:
 
     def _loop(self) -> None:
         while not self._stop.wait(self._rt.settings.worker.sweep_interval_s):
-            try:
-                if take_turn(self._rt):
-                    sweep_once(self._rt, self._app)
-            except Exception:  # the database may be briefly away; try again next interval
-                log.exception("lease sweep failed")
+            self.tick()
+
+    def tick(self) -> None:
+        """One interval's work; each part fails alone (the database or Redis may be briefly
+        away) and is tried again next interval."""
+        try:
+            self.reconciler.heartbeat()
+        except Exception:
+            log.exception("cannot report this node alive")
+        try:
+            if self.reconciler.redis_was_emptied():
+                log.warning("Redis lost the farm's epoch (restarted empty?): sending everything owed again")
+                log.warning("sent %d owed stage message(s) again", self.reconciler.resend(everything=True))
+        except Exception:
+            log.exception("epoch check failed")
+        try:
+            if take_turn(self._rt):
+                sweep_once(self._rt, self._app)
+                self.reconciler.resend()
+                self.reconciler.hand_on_lost_nodes()
+        except Exception:
+            log.exception("lease sweep failed")

@@ -100,14 +100,15 @@ def isolated_redis_url(redis_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def make_stack(tmp_path: Path, pg_url: str, isolated_redis_url: str) -> Iterator[Callable[..., EmbeddedStack]]:
-    """Start farms of a test's own (PostgreSQL + an isolated Redis database unless told otherwise)."""
+def make_stack(tmp_path: Path, own_pg_url: str, isolated_redis_url: str) -> Iterator[Callable[..., EmbeddedStack]]:
+    """Start farms of a test's own (a PostgreSQL database of the test's own and an isolated Redis
+    database unless told otherwise)."""
     stacks: list[EmbeddedStack] = []
 
     def _make(
         *,
         redis: str | None = isolated_redis_url,
-        database: str | None = pg_url,
+        database: str | None = own_pg_url,
         model_dir: Path | None = None,
         with_llm: bool = False,
         **worker: object,
@@ -132,7 +133,7 @@ def make_stack(tmp_path: Path, pg_url: str, isolated_redis_url: str) -> Iterator
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, pg_url: str, redis_url: str) -> Iterator[EmbeddedStack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, module_pg_url: str, redis_url: str) -> Iterator[EmbeddedStack]:
     """One farm shared by the tests of a module (each works in its own batches); tests that
     kill or reconfigure processes use ``make_stack`` for a farm of their own."""
     import redis
@@ -140,7 +141,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, pg_url: str, redis_url: str)
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
     shared = EmbeddedStack(
-        stack_settings(tmp_path_factory.mktemp("shared-stack"), redis_url=redis_url, database_url=pg_url),
+        stack_settings(tmp_path_factory.mktemp("shared-stack"), redis_url=redis_url, database_url=module_pg_url),
         with_flower=False,
         with_llm=False,
     )

@@ -191,3 +191,37 @@ def test_metrics_are_prometheus_text(api: TestClient):
     api.post("/v1/batches", json=echo_batch(), headers=AUTH)
     text = api.get("/metrics", headers=AUTH).text
     assert 'farm_jobs{state="queued"}' in text and 'farm_queue_length{queue="init"}' in text
+
+
+def test_backends_redis_lost_are_registered_again_from_the_database(tmp_path, pg_url, redis_url, redis_client):
+    settings = Settings(
+        data_dir=tmp_path,
+        database={"url": pg_url},
+        redis={"url": redis_url},
+        api={"token": TOKEN},
+        llm={"health_interval_s": 3600},  # this test runs the checker's rounds itself
+    )
+    with TestClient(create_app(settings)) as api:
+        _check_backends_are_restored(api, redis_client)
+
+
+def _check_backends_are_restored(api: TestClient, redis_client) -> None:
+    # Given a backend registered through the API (and one removed again),
+    body = {"id": "gpu-a", "url": "http://127.0.0.1:9/", "kind": "vllm", "capacity": 4}
+    assert api.post("/v1/backends", json=body, headers=AUTH).status_code == 201
+    assert api.post("/v1/backends", json={**body, "id": "gone"}, headers=AUTH).status_code == 201
+    assert api.delete("/v1/backends/gone", headers=AUTH).status_code == 204
+    # when Redis loses everything,
+    redis_client.flushdb()
+    assert api.get("/v1/backends", headers=AUTH).json() == []
+    # then the health checker's next round puts back what the database has, and only that.
+    checker_restore = api.app.state.farm_checker.restore
+    assert checker_restore() == 1
+    [backend] = api.get("/v1/backends", headers=AUTH).json()
+    assert (backend["id"], backend["url"], backend["capacity"], backend["inflight"]) == (
+        "gpu-a",
+        "http://127.0.0.1:9",
+        4,
+        0,
+    )
+    assert checker_restore() == 0

@@ -34,13 +34,13 @@ def generate(max_tokens: int = 12, **config) -> dict:
 
 @pytest.fixture(scope="module")
 def llm_stack(
-    tmp_path_factory: pytest.TempPathFactory, pg_url: str, redis_url: str, tiny_model_dir: Path
+    tmp_path_factory: pytest.TempPathFactory, module_pg_url: str, redis_url: str, tiny_model_dir: Path
 ) -> Iterator[EmbeddedStack]:
     with scripted_stack(
         tmp_path_factory.mktemp("llm-stack"),
         redis_url=redis_url,
         redis_offset=2,
-        database_url=pg_url,
+        database_url=module_pg_url,
         model_dir=tiny_model_dir,
         node="llmnode",
         rules=SCRIPT,

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def tasks_stack(
-    tmp_path_factory: pytest.TempPathFactory, pg_url: str, redis_url: str, tiny_model_dir: Path
+    tmp_path_factory: pytest.TempPathFactory, module_pg_url: str, redis_url: str, tiny_model_dir: Path
 ) -> Iterator[EmbeddedStack]:
     require_bwrap()
     data_dir = tmp_path_factory.mktemp("tasks-stack")
@@ -40,7 +40,7 @@ def tasks_stack(
         data_dir,
         redis_url=redis_url,
         redis_offset=3,
-        database_url=pg_url,
+        database_url=module_pg_url,
         model_dir=tiny_model_dir,
         node="tasksnode",
         rules=scripted_rules(data_dir),

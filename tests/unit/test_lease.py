@@ -27,7 +27,7 @@ def _setup(sqlite_url: str):
     sessions = make_session_factory(engine)
     request = BatchCreate(tasks=[{"type": "echo", "config": {"text": "x"}}], group_size=2)
     with transaction(sessions) as s:
-        _, ids = queries.create_batch(s, request, idempotency_key=None, digest="d", now=utcnow())
+        _, ids = queries.create_batch(s, request, idempotency_key=None, digest="d", now=utcnow(), owed_until=utcnow())
     for job_id in ids:
         with engine.begin() as conn:
             claims.claim_stage(
@@ -55,7 +55,7 @@ def test_lost_lease_reads_as_cancelled(sqlite_url):
     with renewer.hold(job_id=a, batch_id=1, stage=Stage.INIT, worker="w", deadline=time.monotonic() + 60) as lease:
         assert not lease.is_cancelled()
         with transaction(sessions) as s:
-            lifecycle.cancel_batch(s.connection(), batch_id=1, now=utcnow())
+            lifecycle.cancel_batch(s.connection(), batch_id=1, now=utcnow(), teardown_due=utcnow())
         renewer.renew_once()
         assert lease.lost and lease.is_cancelled()
     engine.dispose()

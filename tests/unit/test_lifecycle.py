@@ -26,7 +26,7 @@ def make_batch(sessions, n_tasks: int = 1, group_size: int = 2) -> tuple[int, li
     )
     with transaction(sessions) as s:
         batch, job_ids = queries.create_batch(
-            s, request, idempotency_key=None, digest=queries.request_hash(request), now=utcnow()
+            s, request, idempotency_key=None, digest=queries.request_hash(request), now=utcnow(), owed_until=utcnow()
         )
         return batch.id, job_ids
 
@@ -58,7 +58,9 @@ def complete(sessions, c: claims.Claim, worker: str = "w1"):
     else:
         kwargs["eval_result"] = EvalResult(reward=0.75, metrics={"m": 1.0})
     with transaction(sessions) as s:
-        return completions.complete_stage(s.connection(), c, worker=worker, now=utcnow(), **kwargs)
+        return completions.complete_stage(
+            s.connection(), c, worker=worker, now=utcnow(), owed_until=utcnow() + timedelta(seconds=LEASE_S), **kwargs
+        )
 
 
 def job(sessions, job_id: int) -> Job:
@@ -162,7 +164,7 @@ def test_cancel_batch_cancels_unfinished_jobs_and_revokes_only_queued(sessions):
         complete(sessions, claim(sessions, a, stage))
     running = claim(sessions, b, Stage.INIT)  # b is running INIT
     with transaction(sessions) as s:
-        revoked = lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow())
+        revoked = lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow(), teardown_due=utcnow())
     assert len(revoked) == 2  # c and d were still queued
     assert job(sessions, a).state is JobState.DONE
     for j in (b, c, d):
@@ -313,7 +315,7 @@ def test_cancel_records_the_running_attempt_as_cancelled(sessions):
     batch_id, (job_id, _) = make_batch(sessions)
     running = claim(sessions, job_id, Stage.INIT, worker="w1")
     with transaction(sessions) as s:
-        lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow())
+        lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow(), teardown_due=utcnow())
     assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.CANCELLED, "w1")]
     assert complete(sessions, running).reason == "cancelled"
     assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.CANCELLED, "w1")]
@@ -406,10 +408,15 @@ def test_usual_claim_and_completion_work_as_single_autocommitted_statements(db_u
                 conn, job_id=job_id, stage=Stage.INIT, node="n1", worker="w1", now=utcnow(), lease_s=LEASE_S
             )
             assert c is not None and c.attempt == 1
-            done = completions.complete_next(conn, c, worker="w1", now=utcnow(), init_state={"x": 1})
+            done = completions.complete_next(
+                conn, c, worker="w1", now=utcnow(), owed_until=utcnow(), init_state={"x": 1}
+            )
             assert done is not None and done.next_stage is Stage.RUN
             # A second completion of the same attempt is not the usual case: it falls back.
-            assert completions.complete_next(conn, c, worker="w1", now=utcnow(), init_state={"x": 1}) is None
+            assert (
+                completions.complete_next(conn, c, worker="w1", now=utcnow(), owed_until=utcnow(), init_state={"x": 1})
+                is None
+            )
     finally:
         autocommit.dispose()
     assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.OK, "w1")]
@@ -448,8 +455,12 @@ def test_finishing_completions_in_one_statement_each_take_one_finish_position(db
     def finish(c: claims.Claim) -> completions.Completion | None:
         with durable.connect() as conn:
             if c.stage is Stage.RUN:
-                return completions.complete_next(conn, c, worker="w1", now=utcnow(), run_result=failed_run)
-            return completions.complete_next(conn, c, worker="w1", now=utcnow(), eval_result=_eval_result(0.5))
+                return completions.complete_next(
+                    conn, c, worker="w1", now=utcnow(), owed_until=utcnow(), run_result=failed_run
+                )
+            return completions.complete_next(
+                conn, c, worker="w1", now=utcnow(), owed_until=utcnow(), eval_result=_eval_result(0.5)
+            )
 
     try:
         with ThreadPoolExecutor(4) as pool:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict
+from typing import Any
 
 from fastapi import APIRouter, Response
 
 from farm.api.deps import State
+from farm.db import backends as registry
+from farm.db.session import transaction
 from farm.errors import NotFound
 from farm.llm.balancer import Backend
 from farm.schemas import BackendCreate, BackendOut, ErrorOut
@@ -38,14 +41,17 @@ def list_backends(state: State) -> list[BackendOut]:
     summary="Add a backend (or update one with the same id); other jobs keep their backends",
 )
 def add_backend(body: BackendCreate, state: State) -> BackendOut:
-    backend = state.balancer.add_backend(
-        backend_id=body.id or _default_id(body.url),
-        url=body.url,
-        kind=body.kind,
-        model=body.model,
-        capacity=body.capacity,
-    )
-    return _out(backend)
+    fields: dict[str, Any] = {
+        "backend_id": body.id or _default_id(body.url),
+        "url": body.url.rstrip("/"),
+        "kind": body.kind,
+        "model": body.model,
+        "capacity": body.capacity,
+    }
+    # The database first: the balancer's set is rebuilt from it if Redis loses it.
+    with transaction(state.sessions) as session:
+        registry.save(session, **fields)
+    return _out(state.balancer.add_backend(**fields))
 
 
 @router.get("/{backend_id}", response_model=BackendOut, responses={404: {"model": ErrorOut}})
@@ -63,6 +69,8 @@ def get_backend(backend_id: str, state: State) -> BackendOut:
     summary="Remove a backend; its jobs move to another on their next turn",
 )
 def remove_backend(backend_id: str, state: State) -> Response:
-    if not state.balancer.remove_backend(backend_id):
+    with transaction(state.sessions) as session:
+        known = registry.remove(session, backend_id)
+    if not state.balancer.remove_backend(backend_id) and not known:
         raise NotFound(f"no backend with id {backend_id!r}")
     return Response(status_code=204)

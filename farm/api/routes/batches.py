@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
@@ -53,7 +54,11 @@ def _submit(state: AppState, request: BatchCreate, key: str | None) -> tuple[Bat
         with transaction(state.sessions) as session:
             batch = queries.find_batch_by_key(session, key, digest) if key else None
             if batch is None:
-                batch, _ = queries.create_batch(session, request, idempotency_key=key, digest=digest, now=utcnow())
+                now = utcnow()
+                owed_until = now + timedelta(seconds=state.settings.worker.lease_s)
+                batch, _ = queries.create_batch(
+                    session, request, idempotency_key=key, digest=digest, now=now, owed_until=owed_until
+                )
                 created = True
             batch_id, enqueued = batch.id, batch.enqueued_at is not None
     except IntegrityError:
@@ -163,7 +168,13 @@ def cancel_batch(batch_id: int, state: State) -> BatchStatus:
     Cancelling a finished batch changes nothing and returns its status."""
     with transaction(state.sessions) as session:
         queries.get_batch(session, batch_id)
-        task_ids = lifecycle.cancel_batch(session.connection(), batch_id=batch_id, now=utcnow())
+        now = utcnow()
+        task_ids = lifecycle.cancel_batch(
+            session.connection(),
+            batch_id=batch_id,
+            now=now,
+            teardown_due=now + timedelta(seconds=state.settings.worker.lease_s),
+        )
     state.redis.set(batch_cancel_key(batch_id), 1, ex=CANCEL_FLAG_TTL_S)
     revoke(state.celery, task_ids)
     state.redis.publish(batch_events_channel(batch_id), "cancelled")

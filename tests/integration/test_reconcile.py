@@ -1,0 +1,158 @@
+"""Owed stages are sent again after their messages were lost, and only those: the reconciler
+against the real Redis and PostgreSQL, then whole farms losing messages and Redis's data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import create_engine, func, select, update
+
+from farm.client import FarmClient
+from farm.config import Settings
+from farm.constants import JobState, Outcome, epoch_key
+from farm.db import queries
+from farm.db.base import utcnow
+from farm.db.models import Job, Teardown, Trajectory
+from farm.db.session import transaction
+from farm.embedded import EmbeddedStack
+from farm.schemas import BatchCreate
+from farm.worker.app import make_celery_app
+from farm.worker.enqueue import send_init_many
+from farm.worker.queues import waiting_jobs
+from farm.worker.reconciler import Reconciler
+from tests.integration.conftest import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def reconciler(tmp_path: Path, own_pg_url: str, redis_client) -> Iterator[Reconciler]:
+    settings = Settings(
+        data_dir=tmp_path,
+        redis={"url": _url(redis_client)},
+        database={"url": own_pg_url},
+        worker={"node": "recon", "lease_s": 30.0},
+    )
+    app = make_celery_app(settings)
+    yield Reconciler(app.farm, app)
+    app.farm.close()
+
+
+def _url(client: redis.Redis) -> str:
+    kw = client.connection_pool.connection_kwargs
+    return f"redis://{kw['host']}:{kw['port']}/{kw['db']}"
+
+
+def _batch(reconciler: Reconciler, n: int) -> list[int]:
+    request = BatchCreate(tasks=[{"type": "echo", "config": {"text": f"t{i}"}} for i in range(n)])
+    now = utcnow()
+    with transaction(reconciler._rt.sessions) as s:
+        _, job_ids = queries.create_batch(
+            s, request, idempotency_key=None, digest="d", now=now, owed_until=now - timedelta(seconds=1)
+        )
+    return job_ids
+
+
+def _make_due(reconciler: Reconciler) -> None:
+    with reconciler._rt.engine.begin() as conn:
+        conn.execute(update(Job).values(lease_until=utcnow() - timedelta(seconds=1)))
+
+
+def test_reconciler_sends_again_only_the_owed_messages_missing_from_their_queue(reconciler, redis_client):
+    job_ids = _batch(reconciler, 6)
+    # Given INIT messages for half the jobs waiting in the queue and the rest lost,
+    send_init_many(reconciler._app, [(job_id, None) for job_id in job_ids[:3]])
+    # when the reconciler runs, it sends the missing three and no copy of the waiting ones;
+    assert reconciler.resend() == 3
+    assert redis_client.llen("init") == 6 and waiting_jobs(redis_client, "init") == set(job_ids)
+    # and their resend time moved on, so the next pass sends nothing,
+    assert reconciler.resend() == 0
+    # nor one at that time while the messages still wait.
+    _make_due(reconciler)
+    assert reconciler.resend() == 0 and redis_client.llen("init") == 6
+
+
+def test_an_emptied_redis_is_noticed_once_and_everything_owed_is_sent_again(reconciler, redis_client):
+    job_ids = _batch(reconciler, 4)
+    with reconciler._rt.engine.begin() as conn:  # owed, but not yet due
+        conn.execute(update(Job).values(lease_until=utcnow() + timedelta(seconds=20)))
+    assert reconciler.redis_was_emptied() is True  # a fresh Redis: the first process takes the epoch
+    assert reconciler.redis_was_emptied() is False
+    assert reconciler.resend() == 0
+    assert reconciler.resend(everything=True) == 4 and waiting_jobs(redis_client, "init") == set(job_ids)
+    redis_client.flushdb()
+    assert redis_client.get(epoch_key()) is None and reconciler.redis_was_emptied() is True
+
+
+def _assert_each_job_ended_once(client: FarmClient, batch_id: int, job_ids: list[int], database_url: str) -> None:
+    results = list(client.results(batch_id, wait_s=10))
+    assert sorted(r.job.id for r in results) == sorted(job_ids), "each job once, none missing"
+    assert [r.seq for r in results] == list(range(1, len(job_ids) + 1))
+    assert all(r.job.state is JobState.DONE and r.job.outcome is Outcome.OK for r in results)
+    engine = create_engine(database_url)
+    with engine.connect() as conn:
+        count = conn.scalar(select(func.count()).select_from(Trajectory).where(Trajectory.job_id.in_(job_ids)))
+    engine.dispose()
+    assert count == len(job_ids)
+
+
+def echo(i: int) -> dict:
+    return {"type": "echo", "config": {"text": f"owed {i}", "sleep_s": {"init": 0.3, "run": 1.0, "eval": 0.2}}}
+
+
+def test_messages_lost_from_a_queue_are_sent_again_and_each_job_ends_once(own_pg_url: str, make_stack):
+    stack: EmbeddedStack = make_stack(database=own_pg_url)
+    client_redis = redis.Redis.from_url(stack.settings.redis_url)
+    with FarmClient(stack.settings.api_url, token="e2e-token") as client:
+        # Given a batch whose INIT messages back up behind 4 INIT slots,
+        batch = client.submit([echo(i) for i in range(16)])
+        # when the newest waiting messages vanish (a worker killed with them reserved, a crash
+        # between a commit and its send), with Redis's epoch intact,
+        lost = client_redis.lpop("init", 6) or []
+        assert lost, "the INIT queue should have had messages waiting"
+        # then the reconciler sends them again and every job ends exactly once.
+        _assert_each_job_ended_once(client, batch.id, batch.job_ids, own_pg_url)
+    client_redis.close()
+
+
+def test_redis_emptied_mid_batch_loses_no_job(own_pg_url: str, make_stack):
+    stack: EmbeddedStack = make_stack(database=own_pg_url)
+    client_redis = redis.Redis.from_url(stack.settings.redis_url)
+    with FarmClient(stack.settings.api_url, token="e2e-token") as client:
+        batch = client.submit([echo(i) for i in range(12)])
+        wait_until(lambda: client.status(batch.id).counts.get(JobState.RUN, 0) >= 2, timeout_s=60, what="jobs in RUN")
+        # Given stages owed at every step (INITs waiting, RUNs running, EVALs about to be sent),
+        # when Redis loses everything it held (a restart without persistence),
+        client_redis.flushdb()
+        # then each job still ends exactly once.
+        _assert_each_job_ended_once(client, batch.id, batch.job_ids, own_pg_url)
+    client_redis.close()
+
+
+def test_teardowns_a_cancel_owes_are_paid_even_when_their_messages_were_lost(own_pg_url: str, make_stack):
+    stack: EmbeddedStack = make_stack(database=own_pg_url, run_concurrency=1)
+    client_redis = redis.Redis.from_url(stack.settings.redis_url)
+    run_queue = f"run.{stack.settings.worker.node}"
+    engine = create_engine(own_pg_url)
+
+    def owed() -> int:
+        with engine.connect() as conn:
+            return int(conn.scalar(select(func.count()).select_from(Teardown)))
+
+    with FarmClient(stack.settings.api_url, token="e2e-token") as client:
+        # Given jobs past INIT whose RUN messages wait behind one busy RUN slot,
+        tasks = [{"type": "echo", "config": {"text": f"t{i}", "sleep_s": {"run": 2.0}}} for i in range(8)]
+        batch = client.submit(tasks)
+        wait_until(lambda: client_redis.llen(run_queue) >= 3, timeout_s=60, what="RUN messages waiting")
+        # when the batch is cancelled and the waiting messages are lost,
+        client.cancel(batch.id)
+        assert owed() >= 3
+        client_redis.delete(run_queue)
+        # then the reconciler sends them to the node again, whose claims tear down and pay the debt.
+        wait_until(lambda: owed() == 0, timeout_s=60, what="every owed teardown done")
+    engine.dispose()
+    client_redis.close()
