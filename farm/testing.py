@@ -18,7 +18,8 @@ def temporary_database(server_url: str, *, prefix: str = "farm_tmp", migrated: b
     """A new PostgreSQL database on the server of ``server_url`` (any database URL there),
     migrated to head unless told otherwise, dropped on exit; yields its URL."""
     base, _, _ = server_url.rpartition("/")
-    admin = sa.create_engine(f"{base}/postgres", isolation_level="AUTOCOMMIT")
+    # No pool: the server may have been restarted (crash tests) by the time the database is dropped.
+    admin = sa.create_engine(f"{base}/postgres", isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
     name = f"{prefix}_{secrets.token_hex(4)}"
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))

@@ -25,6 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-vllm", action="store_true", help="run tests against a real vLLM CPU server")
     parser.addoption("--run-singularity", action="store_true", help="run tests that need singularity/apptainer")
     parser.addoption("--run-fuzz", action="store_true", help="fuzz the API with schemathesis (minutes)")
+    parser.addoption("--run-crash", action="store_true", help="run the crash tests (tests/crash: real faults, minutes)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -33,6 +34,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="vLLM test: opt in with --run-vllm (see README)"))
         if item.get_closest_marker("fuzz") and not config.getoption("--run-fuzz"):
             item.add_marker(pytest.mark.skip(reason="fuzz test: opt in with --run-fuzz (see README)"))
+        if item.get_closest_marker("crash") and not config.getoption("--run-crash"):
+            item.add_marker(pytest.mark.skip(reason="crash test (minutes of real faults): opt in with --run-crash"))
 
 
 def service_missing(what: str, exc: BaseException) -> None:
@@ -176,10 +179,15 @@ def tiny_tokenizer(tiny_model_dir: Path):
 @pytest.fixture(scope="session")
 def teacher(tiny_model_dir: Path) -> Callable[[list[int]], list[float]]:
     """Teacher-forced logprobs of a whole sequence with a plain transformers forward pass."""
+    return teacher_for(tiny_model_dir)
+
+
+def teacher_for(model_dir: Path) -> Callable[[list[int]], list[float]]:
+    """The ``teacher`` fixture's function for any model directory."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
     def logprobs(token_ids: list[int]) -> list[float]:
         with torch.inference_mode():
