@@ -87,7 +87,8 @@ def hand_on(
     max_restarts: int,
     owed_until: datetime,
 ) -> HandedOn:
-    """Restart (or fail) every unfinished job past INIT on ``node``, which is lost."""
+    """Restart (or fail, unless ``restart``) every unfinished job past INIT on ``node``, which is
+    lost; a job whose INIT was running there starts again either way."""
     running = select(Batch.id).where(Batch.state == BatchState.RUNNING)
     jobs = conn.execute(
         select(*sql.JOB_COLUMNS)
@@ -100,7 +101,9 @@ def hand_on(
     for job in jobs:
         attempts.record_unfinished(conn, job, StageStatus.LOST, now, why)
         out.batches.add(job.batch_id)
-        if restart and job.restarts < max_restarts:
+        # A job whose INIT was still running there is not past INIT: it simply starts again.
+        past_init = not (job.state is JobState.INIT and not job.stage_done)
+        if (restart or not past_init) and job.restarts < max_restarts:
             task_id = uuid.uuid4().hex
             values = jobrows.move(job.id, job.state, JobState.QUEUED, now)
             jobrows.set_values(

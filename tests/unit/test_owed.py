@@ -167,10 +167,18 @@ def test_a_lost_nodes_jobs_fail_as_infra_error_when_told_or_after_too_many_resta
         assert j.state is JobState.FAILED and j.outcome is Outcome.INFRA_ERROR and j.reason.startswith("node lost")
         assert j.finish_seq is not None
 
-    _, (third, _) = make_batch(sessions)
+    _, (third, in_init) = make_batch(sessions)
     complete(sessions, claim(sessions, third, Stage.INIT))
+    claim(sessions, in_init, Stage.INIT)
+    out = hand_on(sessions, restart=False)
+    # A job whose INIT was still running on the lost node was not past INIT: it starts again.
+    assert job(sessions, third).state is JobState.FAILED
+    assert in_init in dict(out.restarted) and job(sessions, in_init).state is JobState.QUEUED
+
+    _, (fourth, _) = make_batch(sessions)
+    complete(sessions, claim(sessions, fourth, Stage.INIT))
     out = hand_on(sessions, restart=True, max_restarts=0)
-    assert out.failed >= 1 and job(sessions, third).state is JobState.FAILED
+    assert out.failed >= 1 and job(sessions, fourth).state is JobState.FAILED
 
 
 def owed_teardowns(sessions, job_ids) -> dict[int, tuple[str, Stage]]:
