@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "vllm" in item.keywords and not config.getoption("--run-vllm"):
             item.add_marker(pytest.mark.skip(reason="vLLM test: opt in with --run-vllm (see README)"))
-        if "crash" in item.keywords and not config.getoption("--run-crash"):
+        if item.get_closest_marker("crash") and not config.getoption("--run-crash"):
             item.add_marker(pytest.mark.skip(reason="crash test (minutes of real faults): opt in with --run-crash"))
 
 
