@@ -30,7 +30,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "vllm" in item.keywords and not config.getoption("--run-vllm"):
+        # By marker, not keyword: keywords include folder names (a checkout in .../vllm/ would match).
+        if item.get_closest_marker("vllm") and not config.getoption("--run-vllm"):
             item.add_marker(pytest.mark.skip(reason="vLLM test: opt in with --run-vllm (see README)"))
         if item.get_closest_marker("fuzz") and not config.getoption("--run-fuzz"):
             item.add_marker(pytest.mark.skip(reason="fuzz test: opt in with --run-fuzz (see README)"))
