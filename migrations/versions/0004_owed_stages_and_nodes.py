@@ -8,8 +8,8 @@ Create Date: 2026-11-22 23:30:00.000000
 A job whose next stage is owed (``stage_done`` and not final) now keeps in ``lease_until`` the
 time its message is sent again if nobody claimed it (``farm.worker.reconciler``). Jobs owed a
 stage at upgrade time get "now": the reconciler re-sends them at once (a duplicate of a message
-still in the queue is harmless). ``teardowns`` the sandboxes of cancelled jobs not yet torn down; ``nodes`` each node's last
-sign of life, for node loss; ``backends`` the registered LLM
+still in the queue is harmless). ``teardowns`` holds the sandboxes of cancelled jobs not yet torn
+down; ``nodes`` each node's last sign of life, for node loss; ``backends`` the registered LLM
 backends, from which the balancer's set in Redis is rebuilt when Redis comes back empty.
 """
 
@@ -53,9 +53,7 @@ def upgrade() -> None:
         sa.Column("node", sa.String(length=200), nullable=False),
         sa.Column("stage", sa.Enum("init", "run", "eval", name="stage", native_enum=False, length=32), nullable=False),
         sa.Column("due_at", UTCDateTime(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["job_id"], ["jobs.id"], name=op.f("fk_teardowns_job_id_jobs"), ondelete="CASCADE"
-        ),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_teardowns_job_id_jobs"), ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("job_id", name=op.f("pk_teardowns")),
     )
     op.add_column("jobs", sa.Column("restarts", sa.Integer(), server_default="0", nullable=False))
