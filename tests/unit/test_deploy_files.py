@@ -56,3 +56,15 @@ def test_slurm_scripts_parse_and_fail_fast(script: Path):
     text = script.read_text()
     assert text.startswith("#!/bin/bash\n#SBATCH")
     assert "set -euo pipefail" in text
+
+
+def test_every_worker_service_may_start_bubblewrap_sandboxes():
+    # Each worker starts a sandbox before it takes jobs (farm.sandbox.check) and refuses to start if it cannot.
+    import yaml
+
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    for name in ("worker-init", "worker-run", "worker-eval"):
+        assert {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"} <= set(
+            services[name]["security_opt"]
+        ), name
+        assert "SYS_ADMIN" in services[name]["cap_add"], name
