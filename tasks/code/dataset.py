@@ -38,7 +38,11 @@ class CodeConfig(BaseModel):
 
     problem_id: str | None = Field(default=None, max_length=200)
     problem: CodeProblem | None = Field(default=None, description="inline problem with hidden tests")
-    reward: Literal["fraction", "all"] = Field(default="fraction", description="fraction of tests passed, or all-pass")
+    reward: Literal["fraction", "all"] = Field(
+        default="all",
+        description="all: 1 only when every test passes; fraction: the share passed (a constant-returning "
+        "function earns partial credit on most problems)",
+    )
     timeout_s: float = Field(default=20.0, gt=0, le=600, description="wall-clock limit of the test run")
     max_turns: int = Field(default=4, ge=1, le=50)
     max_episode_tokens: int | None = Field(default=None, ge=1, description="tokens the agent may sample in all")

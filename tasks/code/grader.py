@@ -88,7 +88,7 @@ def prepare(*, problem: CodeProblem, solution: str, workdir: Path, per_test_time
     """Write the files of a run into ``workdir``; returns the nonce to feed on stdin."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "solution.py").write_text(solution, encoding="utf-8")
-    spec = {"tests": problem.tests, "per_test_timeout_s": per_test_timeout_s}
+    spec = {"tests": problem.tests, "per_test_timeout_s": per_test_timeout_s, "entry_point": problem.entry_point}
     (workdir / "_farm_tests.json").write_text(json.dumps(spec), encoding="utf-8")
     shutil.copyfile(HARNESS_SOURCE, workdir / HARNESS_FILE)
     return secrets.token_hex(16)
@@ -135,7 +135,7 @@ def grade(
     solution: str,
     workdir: Path,
     python: str | Sequence[str],
-    mode: RewardMode = "fraction",
+    mode: RewardMode = "all",
     timeout_s: float = DEFAULT_RUN_TIMEOUT_S,
     per_test_timeout_s: float = DEFAULT_PER_TEST_TIMEOUT_S,
 ) -> CodeResult:

@@ -29,7 +29,7 @@ def test_grade_correct_solution_scores_one(tmp_path):
 
 
 def test_grade_partial_solution_scores_fraction(tmp_path):
-    result = run("def add(a, b):\n    return a + b if a > 0 else 99\n", tmp_path)
+    result = run("def add(a, b):\n    return a + b if a > 0 else 99\n", tmp_path, mode="fraction")
     assert result.reward == 0.5 and result.passed == 2
     assert [t.passed for t in result.tests] == [True, True, False, False]
     assert "AssertionError" in result.tests[2].error
@@ -58,7 +58,10 @@ def test_grade_os_exit_mid_run_fails_remaining_tests(tmp_path):
 
 def test_grade_endless_test_times_out_alone(tmp_path):
     result = run(
-        "def add(a, b):\n    while a == 2:\n        pass\n    return a + b\n", tmp_path, per_test_timeout_s=0.5
+        "def add(a, b):\n    while a == 2:\n        pass\n    return a + b\n",
+        tmp_path,
+        per_test_timeout_s=0.5,
+        mode="fraction",
     )
     assert [t.error == "timeout" for t in result.tests] == [False, True, False, False]
     assert result.reward == 0.75
@@ -130,8 +133,11 @@ def test_grade_reference_solution_scores_one(problem_id, tmp_path):
 
 def test_stub_solutions_fail(tmp_path):
     problem = problems_by_id()["fizzbuzz"]
-    result = grade(problem=problem, solution="def fizzbuzz(n):\n    return []\n", workdir=tmp_path, python=PY)
+    stub = "def fizzbuzz(n):\n    return []\n"
+    # Partial credit only when asked for: by default a stub that passes the weak test earns nothing.
+    result = grade(problem=problem, solution=stub, workdir=tmp_path / "fraction", python=PY, mode="fraction")
     assert 0.0 < result.reward < 1.0
+    assert grade(problem=problem, solution=stub, workdir=tmp_path / "default", python=PY).reward == 0.0
 
 
 def test_sample_configs_are_valid():
@@ -160,3 +166,68 @@ def test_code_config_rejects_bad_specs_naming_the_field(config, field):
     with pytest.raises(InvalidSpec) as info:
         validate_config(CodeConfig, config)
     assert info.value.field == field
+
+
+# ---- cheap rewards (issue 10, item 8): each attempt scores 0, a real solution 1 -------------------
+
+ALWAYS_EQUAL = """
+class Anything:
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    def __bool__(self):
+        return True
+
+def add(a, b):
+    return Anything()
+"""
+EXITS_EARLY = "import os\nos._exit(0)\ndef add(a, b):\n    return 0\n"
+
+
+@pytest.mark.parametrize(
+    "cheap",
+    [ALWAYS_EQUAL, EXITS_EARLY, "import sys\nsys.exit(0)\n", "", "def add(a, b):\n    return 3\n"],
+    ids=["always-equal", "os-exit", "sys-exit", "empty", "constant"],
+)
+def test_cheap_solutions_score_zero_and_a_real_one_scores_one(cheap, tmp_path):
+    result = run(cheap, tmp_path / "cheap")
+    assert result.reward == 0.0, result.info()
+    assert run("def add(a, b):\n    return a + b\n", tmp_path / "real").reward == 1.0
+
+
+def test_always_equal_result_is_named_in_the_failure(tmp_path):
+    result = run(ALWAYS_EQUAL, tmp_path)
+    assert result.passed == 0 and "returned a Anything, not plain data" in (result.tests[0].error or "")
+
+
+#: what a policy might try without solving anything: a constant, the input back, an exception.
+DEGENERATE = {
+    "none": "return None",
+    "true": "return True",
+    "false": "return False",
+    "zero": "return 0",
+    "empty-str": "return ''",
+    "empty-list": "return []",
+    "empty-dict": "return {}",
+    "first-arg": "return args[0] if args else None",
+    "raise": "raise ValueError('no')",
+}
+
+
+@pytest.mark.parametrize("problem", list_problems(), ids=lambda p: p.id)
+def test_no_shipped_problem_pays_a_degenerate_solution(problem):
+    """Every shipped problem has a test that each degenerate stub fails, so under the default
+    reward ("all") none earns anything (checked in-process: the data and the stubs are ours)."""
+    for name, body in DEGENERATE.items():
+        namespace: dict = {}
+        exec(f"def {problem.entry_point}(*args, **kwargs):\n    {body}\n", namespace)
+        passed = 0
+        for test in problem.tests:
+            try:
+                exec(test, dict(namespace))
+            except Exception:
+                continue
+            passed += 1
+        assert passed < len(problem.tests), f"{problem.id}: the {name!r} stub passes every test"
+    assert CodeConfig(problem_id=problem.id).reward == "all"
