@@ -2,8 +2,8 @@
 
 INIT turns the text into byte-level token ids; RUN "samples" the text back (reversed if
 asked) with a seeded per-character corruption rate, producing a trajectory with a
-prompt (loss mask 0) and a response (loss mask 1); EVAL scores the fraction of response
-characters that match. Optional per-stage sleeps make it a stand-in for real stage costs
+prompt (loss mask 0) and a response (loss mask 1); EVAL scores the characters of the response
+that match the target, over the longer of the two (extra characters count against it). Optional per-stage sleeps make it a stand-in for real stage costs
 in benchmarks, and ``fail_attempts`` simulates infrastructure faults for retry tests.
 """
 
@@ -113,5 +113,6 @@ class EchoHandler(TaskHandler[EchoConfig]):
         response = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if m and t != EOS_ID]
         got, want = _decode(response), state["target"]
         matches = sum(a == b for a, b in zip(got, want, strict=False))
-        score = matches / max(len(want), 1)
+        # Over the longer of the two: characters past the target are wrong, not free.
+        score = matches / max(len(want), len(got), 1)
         return EvalResult(reward=score, metrics={"exact": float(got == want), "chars": float(len(want))})

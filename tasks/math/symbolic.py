@@ -118,8 +118,9 @@ def equal_in_child(a: str, b: str) -> tuple[bool, str]:
         symbols = sorted(left.free_symbols | right.free_symbols, key=str)
         if left.free_symbols != right.free_symbols:
             return False, "different variables"
-        points = [0.5 + k * 0.731 for k in range(3)]
-        diffs = [abs(complex((left - right).subs({s: p for s in symbols}).evalf())) for p in points]
+        # Each symbol gets its own value: with one value for all, ``3x - y`` would pass for ``x + y``.
+        points = [{s: 0.5 + k * 0.731 + i * 0.377 for i, s in enumerate(symbols)} for k in range(3)]
+        diffs = [abs(complex((left - right).subs(point).evalf())) for point in points]
         return (all(d < 1e-9 for d in diffs)), "numeric spot check"
     except Exception as exc:  # noqa: BLE001 - sympy raises many types on odd input
         return False, f"not comparable ({type(exc).__name__})"

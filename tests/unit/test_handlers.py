@@ -108,3 +108,33 @@ def test_generate_pays_an_exact_reply_and_not_one_that_merely_contains_the_refer
     assert reward(exact, " 4\n") == 1.0
     assert reward(exact, "1 2 3 4 5 6 7 8 9") == 0.0  # listing candidates earns nothing
     assert reward(contains, "1 2 3 4 5 6 7 8 9") == 1.0  # the opt-in, gameable rule
+
+
+def test_echo_counts_characters_past_the_target_against_the_response():
+    import time
+
+    from farm.constants import Stage
+    from farm.handlers.base import StageContext
+    from farm.handlers.echo import EchoConfig, _encode
+    from farm.schemas import SamplingParams, TrajectoryData
+
+    def reward(response: str) -> float:
+        ids = _encode(response)
+        trajectory = TrajectoryData(token_ids=ids, logprobs=[0.0] * len(ids), loss_mask=[1] * len(ids))
+        state = {"target": "abcd"}
+        ctx = StageContext(
+            job_id=1,
+            batch_id=1,
+            stage=Stage.EVAL,
+            attempt=1,
+            node="n",
+            sampling=SamplingParams(),
+            seed=0,
+            deadline=time.monotonic() + 60,
+            is_cancelled=lambda: False,
+            resources={},
+        )
+        return EchoHandler().evaluate(EchoConfig(text="dcba"), state, trajectory, ctx).reward
+
+    assert reward("abcd") == 1.0
+    assert reward("abcd" + "x" * 12) == 0.25  # the target followed by junk is not a full answer

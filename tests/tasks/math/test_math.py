@@ -170,6 +170,7 @@ def test_grade_pathological_responses_finish(response):
         ("The answer is 3 or 4.", "3"),
         (r"\boxed{3 \lor 4}", "4"),
         (r"\boxed{3 4}", "12"),  # two numbers side by side are not their product
+        (r"\boxed{3x - y}", "x + y"),  # equal only where x == y: each symbol gets its own value
     ],
 )
 def test_grade_pays_nothing_for_a_cheap_attempt(response, reference):
