@@ -119,18 +119,17 @@ def test_generate_is_reproducible_for_a_seed(llm_client: FarmClient):
 def test_backends_api_adds_lists_and_removes(llm_client: FarmClient, llm_stack: EmbeddedStack):
     import httpx
 
-    api = httpx.Client(base_url=llm_stack.settings.api_url, headers={"Authorization": "Bearer e2e-token"})
-    added = api.post("/v1/backends", json={"id": "spare", "url": "http://127.0.0.1:9/", "capacity": 4})
-    assert added.status_code == 201 and added.json()["url"] == "http://127.0.0.1:9"
-    ids = {b["id"] for b in api.get("/v1/backends").json()}
-    assert {"spare", f"builtin@{llm_stack.settings.worker.node}"} <= ids
-    assert api.get("/v1/backends/spare").json()["capacity"] == 4
-    bad = api.post("/v1/backends", json={"url": "not a url"})
-    assert bad.status_code == 422 and bad.json()["field"] == "url"
-    assert api.delete("/v1/backends/spare").status_code == 204
-    assert api.delete("/v1/backends/spare").status_code == 404
-    assert api.get("/v1/backends/spare").json()["code"] == "not_found"
-    api.close()
+    with httpx.Client(base_url=llm_stack.settings.api_url, headers={"Authorization": "Bearer e2e-token"}) as api:
+        added = api.post("/v1/backends", json={"id": "spare", "url": "http://127.0.0.1:9/", "capacity": 4})
+        assert added.status_code == 201 and added.json()["url"] == "http://127.0.0.1:9"
+        ids = {b["id"] for b in api.get("/v1/backends").json()}
+        assert {"spare", f"builtin@{llm_stack.settings.worker.node}"} <= ids
+        assert api.get("/v1/backends/spare").json()["capacity"] == 4
+        bad = api.post("/v1/backends", json={"url": "not a url"})
+        assert bad.status_code == 422 and bad.json()["field"] == "url"
+        assert api.delete("/v1/backends/spare").status_code == 204
+        assert api.delete("/v1/backends/spare").status_code == 404
+        assert api.get("/v1/backends/spare").json()["code"] == "not_found"
 
 
 class _GarbageHandler(http.server.BaseHTTPRequestHandler):

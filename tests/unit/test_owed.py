@@ -161,7 +161,7 @@ def test_a_lost_nodes_jobs_fail_as_infra_error_when_told_or_after_too_many_resta
     for job_id in (first, second):
         complete(sessions, claim(sessions, job_id, Stage.INIT))
     out = hand_on(sessions, restart=False)
-    assert out.failed >= 2 and out.restarted == []
+    assert out.failed >= 2 and not {first, second} & set(dict(out.restarted))
     for job_id in (first, second):
         j = job(sessions, job_id)
         assert j.state is JobState.FAILED and j.outcome is Outcome.INFRA_ERROR and j.reason.startswith("node lost")
