@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from farm.llm.builtin.testing import BuiltinServer  # noqa: E402
+from farm.llm.builtin.tiny import make_tiny  # noqa: E402
 from farm.llm.client import VLLMClient  # noqa: E402
-from farm.llm.testing import BuiltinServer  # noqa: E402
-from farm.llm.tiny import make_tiny  # noqa: E402
 from farm.llm.types import GenerateRequest, SamplingParams  # noqa: E402
 
 CONVERSATIONS = 4

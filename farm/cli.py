@@ -74,7 +74,7 @@ def _parse_stages(value: str) -> list[Stage]:
 def worker(queues: str, concurrency: int | None, pool: str | None, loglevel: str) -> None:
     """Run a Celery worker for some stages on this node (RUN/EVAL consume this node's queues)."""
     from farm.errors import FarmError
-    from farm.worker.run import run_worker
+    from farm.worker.process import run_worker
 
     try:
         run_worker(_settings(), _parse_stages(queues), concurrency=concurrency, pool=pool, loglevel=loglevel)
@@ -250,7 +250,7 @@ def demo(num_tasks: int, group_size: int) -> None:
 
 def _mount_optional_groups() -> None:
     try:
-        from farm.llm.cli import llm
+        from farm.llm.builtin.cli import llm
     except ImportError:
         return
     main.add_command(llm)

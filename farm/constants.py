@@ -13,9 +13,6 @@ class Stage(StrEnum):
     EVAL = "eval"
 
 
-STAGES: tuple[Stage, ...] = (Stage.INIT, Stage.RUN, Stage.EVAL)
-
-
 class JobState(StrEnum):
     """Where a job is. ``init``/``run``/``eval`` cover both waiting for and running that stage."""
 

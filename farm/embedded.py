@@ -154,7 +154,7 @@ class EmbeddedStack:
     def _prepare_model(self) -> None:
         model_dir = self.settings.llm.builtin_model_dir or self.settings.data_dir / "tiny-model"
         if not (model_dir / "config.json").is_file():
-            from farm.llm.tiny import make_tiny
+            from farm.llm.builtin.tiny import make_tiny
 
             make_tiny(model_dir, name=self.settings.llm.builtin_model_name)
         llm = self.settings.llm.model_copy(update={"builtin_model_dir": model_dir})

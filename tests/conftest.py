@@ -23,7 +23,6 @@ IN_CI = bool(os.environ.get("CI"))
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-vllm", action="store_true", help="run tests against a real vLLM CPU server")
-    parser.addoption("--run-singularity", action="store_true", help="run tests that need singularity/apptainer")
     parser.addoption("--run-fuzz", action="store_true", help="fuzz the API with schemathesis (minutes)")
     parser.addoption("--run-crash", action="store_true", help="run the crash tests (tests/crash: real faults, minutes)")
 
@@ -165,7 +164,7 @@ def sessions(db_url: str) -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from farm.llm.tiny import make_tiny
+    from farm.llm.builtin.tiny import make_tiny
 
     return make_tiny(tmp_path_factory.mktemp("tiny-model"), seed=0)
 

@@ -29,7 +29,7 @@ from farm.errors import SandboxError
 from farm.handlers.base import ConfigT, StageContext, TaskHandler
 from farm.llm.trajectory import TrajectoryBuilder
 from farm.sandbox import SandboxSpec
-from farm.sandbox.common import ServerSandbox
+from farm.sandbox.server_sandbox import ServerSandbox
 from farm.schemas import RunResult, TrajectoryData
 from farm.tools.base import ToolResult
 

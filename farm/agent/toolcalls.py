@@ -28,7 +28,6 @@ from typing import Any
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
-RESPONSE_OPEN_TAG = "<tool_response>"
 RESPONSE_CLOSE_TAG = "</tool_response>"
 #: calls accepted per turn; more is almost always a degenerate loop of the policy.
 MAX_CALLS_PER_TURN = 16

@@ -19,8 +19,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from farm.constants import BatchState, JobState, Outcome, StageStatus
-from farm.db import attempts, jobrows, teardowns
-from farm.db import statements as sql
+from farm.db import teardowns
+from farm.db.jobs import attempts, jobrows
+from farm.db.jobs import statements as sql
 from farm.db.models import Batch, Job, Node
 
 

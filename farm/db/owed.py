@@ -17,7 +17,7 @@ from datetime import datetime
 from sqlalchemy import Connection, and_, bindparam, or_, select, update
 
 from farm.constants import BatchState, JobState, Stage
-from farm.db import statements as sql
+from farm.db.jobs import statements as sql
 from farm.db.models import Batch, Job
 
 #: a job in one of these states with ``stage_done`` is owed the next stage.

@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session, selectinload
 
 from farm.constants import BatchState, JobState, Stage, StageStatus
 from farm.db.arrays import encode_ids, encode_logprobs, encode_mask, unpack_ids
+from farm.db.jobs.statements import GROUPS, JOBS
 from farm.db.models import Batch, Job, Trajectory
-from farm.db.statements import GROUPS, JOBS
 from farm.errors import BatchNotFound, Conflict, JobNotFound, TrajectoryNotFound
 from farm.schemas import (
     ArrayEncoding,

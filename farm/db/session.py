@@ -36,7 +36,7 @@ def _postgres_engine(url: str, settings: Settings, **options: Any) -> Engine:
 
 def make_autocommit_engine(settings: Settings, *, url: str | None = None, durable: bool) -> Engine | None:
     """PostgreSQL: an engine whose statements commit one by one, for the one-statement claims
-    and completions of ``farm.db.claims`` and ``farm.db.completions``; that saves the BEGIN and
+    and completions of ``farm.db.jobs.claims`` and ``farm.db.jobs.completions``; that saves the BEGIN and
     COMMIT round trips. Unless ``durable``, its commits do not wait for the WAL to reach the disk
     (``synchronous_commit`` off, ~2 ms less per statement): for the writes a database crash may
     lose without harm (claims, INIT and RUN completions; see ``jobrows.commit_early``). A

@@ -3,8 +3,9 @@
 INIT turns the text into byte-level token ids; RUN "samples" the text back (reversed if
 asked) with a seeded per-character corruption rate, producing a trajectory with a
 prompt (loss mask 0) and a response (loss mask 1); EVAL scores the characters of the response
-that match the target, over the longer of the two (extra characters count against it). Optional per-stage sleeps make it a stand-in for real stage costs
-in benchmarks, and ``fail_attempts`` simulates infrastructure faults for retry tests.
+that match the target, over the longer of the two (extra characters count against it).
+Optional per-stage sleeps make it a stand-in for real stage costs in benchmarks, and
+``fail_attempts`` simulates infrastructure faults for retry tests.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from pathlib import Path
 from farm.config import Settings
 from farm.errors import ConfigError
 from farm.sandbox.base import Bind, ExecResult, Limits, Sandbox, SandboxSpec, Snapshot
-from farm.sandbox.common import ServerSandbox
 from farm.sandbox.registry import Registry
+from farm.sandbox.server_sandbox import ServerSandbox
 
 #: driver name -> class, imported on use.
 DRIVERS: dict[str, str] = {

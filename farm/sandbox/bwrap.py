@@ -24,9 +24,9 @@ from typing import Any
 
 from farm.errors import SandboxUnavailable
 from farm.sandbox.base import SandboxSpec
-from farm.sandbox.common import FARM_SOURCE_DIR, RUN_DIR_INSIDE, ServerSandbox, server_pythonpath
 from farm.sandbox.procs import ProcRef, enter_cgroups_argv
 from farm.sandbox.seccomp import filter_program
+from farm.sandbox.server_sandbox import FARM_SOURCE_DIR, RUN_DIR_INSIDE, ServerSandbox, server_pythonpath
 
 log = logging.getLogger(__name__)
 

@@ -105,9 +105,3 @@ def release_fs(sandbox_dir: Path) -> None:
         if err not in (0, errno.EINVAL):
             log.warning("could not unmount %s: %s", target, os.strerror(err))
             return
-
-
-def disk_usage(path: Path) -> tuple[int, int]:
-    """(bytes used, bytes total) of the file system holding ``path``."""
-    st = os.statvfs(path)
-    return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize

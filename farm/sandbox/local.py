@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from farm.sandbox.base import SandboxSpec
-from farm.sandbox.common import FARM_SOURCE_DIR, ServerSandbox, server_pythonpath
 from farm.sandbox.disk import fs_dir
 from farm.sandbox.procs import ProcRef, enter_cgroups_argv
+from farm.sandbox.server_sandbox import FARM_SOURCE_DIR, ServerSandbox, server_pythonpath
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from typing import Any
 from farm.errors import SandboxUnavailable
 from farm.sandbox.base import SandboxSpec
 from farm.sandbox.bwrap import FARM_LIB_INSIDE
-from farm.sandbox.common import FARM_SOURCE_DIR, RUN_DIR_INSIDE, ServerSandbox
 from farm.sandbox.procs import ProcRef, enter_cgroups_argv
+from farm.sandbox.server_sandbox import FARM_SOURCE_DIR, RUN_DIR_INSIDE, ServerSandbox
 
 #: how long ``instance start`` may take (image unpacking on a slow shared file system).
 INSTANCE_START_TIMEOUT_S = 300.0

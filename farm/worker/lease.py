@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from farm.config import Settings
 from farm.constants import Stage, batch_cancel_key
 from farm.db.base import utcnow
-from farm.db.lifecycle import renew_leases
+from farm.db.jobs.lifecycle import renew_leases
 
 log = logging.getLogger(__name__)
 

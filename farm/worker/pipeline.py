@@ -19,8 +19,9 @@ from typing import Any
 from celery import Celery
 
 from farm.constants import Outcome, Stage, batch_events_channel
-from farm.db import claims, completions, lifecycle, teardowns
+from farm.db import teardowns
 from farm.db.base import utcnow
+from farm.db.jobs import claims, completions, lifecycle
 from farm.errors import FarmError, Retry
 from farm.handlers.base import StageContext, TaskHandler
 from farm.handlers.registry import get_handler

@@ -18,7 +18,7 @@ from pathlib import Path
 from farm.config import Settings
 from farm.errors import SandboxError
 from farm.sandbox import SandboxSpec, attach_sandbox, create_sandbox, sandbox_root
-from farm.sandbox.common import ServerSandbox
+from farm.sandbox.server_sandbox import ServerSandbox
 
 log = logging.getLogger(__name__)
 

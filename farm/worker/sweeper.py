@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 
 from farm.constants import sweep_turn_key
 from farm.db.base import utcnow
-from farm.db.lifecycle import expired_leases
+from farm.db.jobs.lifecycle import expired_leases
 from farm.worker.app import FarmRuntime
 from farm.worker.enqueue import send_stage
 from farm.worker.reconciler import Reconciler

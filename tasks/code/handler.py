@@ -21,7 +21,7 @@ from farm.agent.toolbox import system_prompt
 from farm.errors import SandboxError
 from farm.handlers.base import StageContext
 from farm.sandbox import SandboxSpec
-from farm.sandbox.common import ServerSandbox
+from farm.sandbox.server_sandbox import ServerSandbox
 from farm.schemas import EvalResult, TrajectoryData
 from tasks.code.dataset import CodeConfig
 from tasks.code.grader import DEFAULT_PER_TEST_TIMEOUT_S, HARNESS_FILE, extract_code, prepare, score_report

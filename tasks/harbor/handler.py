@@ -28,7 +28,7 @@ from farm.agent.toolbox import system_prompt
 from farm.errors import SandboxError
 from farm.handlers.base import StageContext
 from farm.sandbox import Limits, SandboxSpec
-from farm.sandbox.common import ServerSandbox
+from farm.sandbox.server_sandbox import ServerSandbox
 from farm.schemas import EvalResult, TrajectoryData
 from tasks.harbor.dataset import HarborConfig
 from tasks.harbor.task import HarborTask

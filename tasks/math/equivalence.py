@@ -17,6 +17,8 @@ import re
 from fractions import Fraction
 from typing import Any
 
+from tasks.math.vocabulary import LATEX_COMMANDS, PLAIN_NAMES
+
 #: default limit on one symbolic comparison (parse + simplify of both sides).
 DEFAULT_SYMBOLIC_TIMEOUT_S = 5.0
 #: longest expression handed to sympy.
@@ -24,32 +26,12 @@ MAX_SYMBOLIC_CHARS = 200
 #: integers and decimals longer than this are not compared (Fraction of a huge string is slow).
 MAX_NUMBER_DIGITS = 60
 
-#: LaTeX commands a model may use in an answer, and their sympy spelling. Everything else is
-#: refused before parsing, since parse_expr evaluates its input as Python.
-LATEX_COMMANDS: dict[str, str] = {
-    "\\frac": "",
-    "\\sqrt": "",
-    "\\pi": "pi",
-    "\\cdot": "*",
-    "\\times": "*",
-    "\\div": "/",
-    "\\ln": "log",
-    "\\log": "log",
-    "\\sin": "sin",
-    "\\cos": "cos",
-    "\\tan": "tan",
-    "\\exp": "exp",
-    "\\infty": "oo",
-}
-#: plain names (no backslash) a model may use.
-PLAIN_NAMES = frozenset({"sqrt", "pi", "log", "ln", "sin", "cos", "tan", "exp", "oo"})
 _CTX = multiprocessing.get_context("forkserver")
 _NUM = r"-?(?:\d+(?:\.\d*)?|\.\d+)"
 _PLAIN = re.compile(rf"^({_NUM})$")
 _SLASH = re.compile(rf"^({_NUM})\s*/\s*({_NUM})$")
 _FRAC = re.compile(rf"^(-?)\\frac\s*(?:\{{\s*({_NUM})\s*\}}|(\d))\s*(?:\{{\s*({_NUM})\s*\}}|(\d))$")
 _ALLOWED_CHARS = re.compile(r"^[0-9A-Za-z+\-*/^().,\s\\{}\[\]=]*$")
-_LIST_SPLIT = re.compile(r",\s*")
 
 
 def as_fraction(s: str) -> Fraction | None:

@@ -20,7 +20,7 @@ from sympy.parsing.sympy_parser import (
     standard_transformations,
 )
 
-from tasks.math.equivalence import LATEX_COMMANDS
+from tasks.math.vocabulary import LATEX_COMMANDS
 
 #: address-space limit of the comparing child: sympy on hostile input can eat memory fast.
 CHILD_ADDRESS_SPACE_BYTES = 2 * 1024**3

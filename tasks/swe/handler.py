@@ -20,7 +20,7 @@ from farm.agent.loop import Episode
 from farm.agent.toolbox import system_prompt
 from farm.errors import SandboxError
 from farm.handlers.base import StageContext
-from farm.sandbox.common import ServerSandbox
+from farm.sandbox.server_sandbox import ServerSandbox
 from farm.schemas import EvalResult, TrajectoryData
 from tasks.swe.dataset import SweConfig
 from tasks.swe.evaluate import TEST_ENV, SweResult, materialise, prepare_repo, score, test_argv

@@ -277,7 +277,7 @@ def sa_rows(url: str, query: str, **params: object) -> list[tuple]:
 @pytest.fixture(scope="module")
 def second_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model with other weights (same tokenizer): its logprobs tell its samples apart."""
-    from farm.llm.tiny import make_tiny
+    from farm.llm.builtin.tiny import make_tiny
 
     return make_tiny(tmp_path_factory.mktemp("tiny-model-b"), seed=1)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from farm.llm.testing import free_port
+from farm.llm.builtin.testing import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuzz, pytest.mark.timeout(900)]
 

@@ -8,8 +8,9 @@ from datetime import timedelta
 
 from farm.config import Settings
 from farm.constants import Stage
-from farm.db import claims, lifecycle, queries
+from farm.db import queries
 from farm.db.base import utcnow
+from farm.db.jobs import claims, lifecycle
 from farm.db.models import Job
 from farm.db.session import make_engine, make_session_factory, transaction
 from farm.schemas import BatchCreate

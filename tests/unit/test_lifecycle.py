@@ -9,8 +9,9 @@ from sqlalchemy import func, select, update
 
 from farm.config import Settings
 from farm.constants import BatchState, JobState, Outcome, Stage, StageStatus
-from farm.db import attempts, claims, completions, lifecycle, queries
+from farm.db import queries
 from farm.db.base import utcnow
+from farm.db.jobs import attempts, claims, completions, lifecycle
 from farm.db.models import Job, StageRun, Trajectory, check_transition
 from farm.db.sampling import SamplingCache
 from farm.db.session import make_autocommit_engine, transaction

@@ -9,8 +9,9 @@ import pytest
 from sqlalchemy import delete, select
 
 from farm.constants import JobState, Outcome, Stage, StageStatus
-from farm.db import lifecycle, nodes, owed, teardowns
+from farm.db import nodes, owed, teardowns
 from farm.db.base import utcnow
+from farm.db.jobs import lifecycle
 from farm.db.models import Job, Node, StageRun, Teardown
 from farm.db.session import transaction
 from tests.unit.test_lifecycle import claim, complete, job, make_batch

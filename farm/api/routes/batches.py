@@ -14,8 +14,9 @@ from sqlalchemy.exc import IntegrityError
 from farm.api.deps import DB, AppState, BatchId, State
 from farm.api.errors import error_responses
 from farm.constants import BatchState, batch_cancel_key, batch_events_channel
-from farm.db import lifecycle, queries
+from farm.db import queries
 from farm.db.base import utcnow
+from farm.db.jobs import lifecycle
 from farm.db.models import Batch
 from farm.db.session import transaction
 from farm.errors import ConfigError, HandlerNotFound, InvalidSpec

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.llm.testing import BuiltinServer
+from farm.llm.builtin.testing import BuiltinServer
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from farm.errors import UpstreamConnectError, UpstreamError, UpstreamStatusError, UpstreamTimeout
+from farm.llm.builtin.testing import free_port
 from farm.llm.client import SGLangClient, VLLMClient
-from farm.llm.testing import free_port
 from farm.llm.types import GenerateRequest
 
 REQUEST = GenerateRequest(prompt_token_ids=[1, 2, 3])

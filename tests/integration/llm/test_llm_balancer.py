@@ -12,9 +12,9 @@ import pytest
 from farm import constants
 from farm.errors import InvalidSpec, NoBackendAvailable, UpstreamStatusError
 from farm.llm.balancer import Balancer
+from farm.llm.builtin.testing import BuiltinServer, free_port
 from farm.llm.health import HealthChecker
 from farm.llm.session import ClientPool, LLMSession
-from farm.llm.testing import BuiltinServer, free_port
 
 pytestmark = pytest.mark.integration
 

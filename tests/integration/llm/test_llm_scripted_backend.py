@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from farm.llm.builtin.testing import BuiltinServer
+from farm.llm.builtin.tiny import EOS_TOKEN
 from farm.llm.client import VLLMClient
-from farm.llm.testing import BuiltinServer
-from farm.llm.tiny import EOS_TOKEN
 from farm.llm.trajectory import TrajectoryBuilder
 from farm.llm.types import FinishReason, GenerateRequest, SamplingParams
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from farm.llm.builtin.testing import free_port
 from farm.llm.client import VLLMClient
-from farm.llm.testing import free_port
 from farm.llm.trajectory import TrajectoryBuilder
 from farm.llm.types import GenerateRequest, SamplingParams
 

@@ -13,7 +13,7 @@ import pytest
 
 from farm.config import Settings
 from farm.sandbox import SandboxSpec, create_sandbox
-from farm.sandbox.common import ServerSandbox
+from farm.sandbox.server_sandbox import ServerSandbox
 
 IN_CI = bool(os.environ.get("CI"))
 #: drivers the contract suite runs against here (singularity has its own opt-in tests).

@@ -19,8 +19,8 @@ import pytest
 from farm.config import Settings
 from farm.sandbox import SandboxSpec, reap_sandboxes
 from farm.sandbox.base import Limits
-from farm.sandbox.common import ServerSandbox
 from farm.sandbox.procs import proc_start_time
+from farm.sandbox.server_sandbox import ServerSandbox
 from tests.integration.sandbox.conftest import REPO, start_owner
 
 IN_CI = bool(os.environ.get("CI"))

@@ -12,8 +12,8 @@ import pytest
 from farm.errors import SandboxError
 from farm.sandbox import SandboxSpec, attach_sandbox, reap_sandboxes
 from farm.sandbox.base import Limits, Sandbox
-from farm.sandbox.common import ServerSandbox
 from farm.sandbox.procs import proc_start_time
+from farm.sandbox.server_sandbox import ServerSandbox
 
 
 def test_sandbox_satisfies_protocol_and_reports_isolation(sandbox: ServerSandbox, driver: str) -> None:

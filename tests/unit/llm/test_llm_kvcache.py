@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from farm.llm.kvcache import PrefixCache
+from farm.llm.builtin.kvcache import PrefixCache
 
 
 def kv(n):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from farm.llm.sampler import sample_token
+from farm.llm.builtin.sampler import sample_token
 from farm.llm.types import SamplingParams
 
 LOGITS = torch.tensor([1.0, 3.0, 2.0, 0.5, -1.0])

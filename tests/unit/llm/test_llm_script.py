@@ -7,8 +7,8 @@ import json
 import pytest
 
 from farm.errors import ConfigError
-from farm.llm.script import Script, ScriptFile, load_script, turn_index
-from farm.llm.tiny import EOS_TOKEN
+from farm.llm.builtin.script import Script, ScriptFile, load_script, turn_index
+from farm.llm.builtin.tiny import EOS_TOKEN
 
 RULES = {
     "rules": [

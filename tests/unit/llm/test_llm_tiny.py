@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from farm.llm.tiny import SPECIAL_TOKENS, make_tiny
+from farm.llm.builtin.tiny import SPECIAL_TOKENS, make_tiny
 
 
 def digest(path):

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from farm.llm.tiny import CHAT_TEMPLATE
+from farm.llm.builtin.tiny import CHAT_TEMPLATE
 from farm.llm.trajectory import TrajectoryBuilder
 from farm.llm.types import FinishReason, GenerateResult
 

@@ -7,7 +7,7 @@ import pytest
 from farm.config import Settings
 from farm.errors import SandboxUnavailable
 from farm.sandbox import SandboxSpec, create_sandbox
-from farm.sandbox import common as sandbox_common
+from farm.sandbox import server_sandbox as sandbox_common
 from farm.sandbox.base import Limits
 from farm.sandbox.disk import DiskQuotaUnavailable, mkfs_argv, mount_argv, release_fs
 

@@ -11,9 +11,9 @@ from farm.config import Settings
 from farm.errors import ConfigError
 from farm.sandbox import create_sandbox, driver_class
 from farm.sandbox.base import Limits, SandboxSpec
-from farm.sandbox.common import resolved_limits
 from farm.sandbox.procs import ProcRef
 from farm.sandbox.registry import Registry, SandboxRecord
+from farm.sandbox.server_sandbox import resolved_limits
 
 
 def _dead_pid() -> ProcRef:

@@ -2,7 +2,7 @@
 
 ``BuiltinServer`` can be stopped and started again on the same port, which is how health ejection
 and re-admission are tested with a backend that is really gone. ``script=`` serves scripted replies
-(``farm.llm.script``): a path to a script file, or its content as a dict.
+(``farm.llm.builtin.script``): a path to a script file, or its content as a dict.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class BuiltinServer:
-    """``python -m farm.llm.cli serve`` in a subprocess; ``start`` waits until ``/health`` answers."""
+    """``python -m farm.llm.builtin.cli serve`` in a subprocess; ``start`` waits until ``/health`` answers."""
 
     def __init__(
         self,
@@ -45,7 +45,7 @@ class BuiltinServer:
         log_path: Path | None = None,
         script: Path | dict[str, Any] | None = None,
     ) -> None:
-        from farm.llm.script import load_script
+        from farm.llm.builtin.script import load_script
 
         if script is not None:
             load_script(script)  # a bad script raises ConfigError here, not as a child that will not start
@@ -69,7 +69,7 @@ class BuiltinServer:
         Raises:
             RuntimeError: it exited or did not answer in time (its log is in the message).
         """
-        cmd = [sys.executable, "-m", "farm.llm.cli", "serve", str(self.model_dir), "--host", self.host]
+        cmd = [sys.executable, "-m", "farm.llm.builtin.cli", "serve", str(self.model_dir), "--host", self.host]
         cmd += ["--port", str(self.port), "--model-name", self.model_name]
         if self.threads:
             cmd += ["--threads", str(self.threads)]

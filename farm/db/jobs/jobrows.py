@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from farm.constants import TERMINAL_STATES, JobState, Outcome, Stage
-from farm.db import statements as sql
+from farm.db.jobs import statements as sql
 from farm.db.models import STATE_TIMESTAMP, check_transition
 from farm.errors import ClaimLost
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-#: the corpus the tokenizer is trained on, shipped in farm/llm/data/.
+#: the corpus the tokenizer is trained on, shipped in farm/llm/builtin/data/.
 CORPUS_RESOURCE = "corpus.txt"
 DEFAULT_SEED = 0
 DEFAULT_VOCAB_SIZE = 512
@@ -56,7 +56,7 @@ CHAT_TEMPLATE = (
 
 
 def corpus_text() -> str:
-    return resources.files("farm.llm.data").joinpath(CORPUS_RESOURCE).read_text(encoding="utf-8")
+    return resources.files("farm.llm.builtin.data").joinpath(CORPUS_RESOURCE).read_text(encoding="utf-8")
 
 
 def _train_tokenizer(vocab_size: int) -> object:

@@ -11,9 +11,9 @@ import numpy as np
 from sqlalchemy import Connection
 
 from farm.constants import Stage, StageStatus
-from farm.db import statements as sql
 from farm.db.arrays import FLOAT32, pack_ids, pack_logprobs, pack_mask, unpack_ids
 from farm.db.base import utcnow
+from farm.db.jobs import statements as sql
 from farm.schemas import EvalResult, RunResult, TrajectoryData
 
 

@@ -11,10 +11,10 @@ from typing import Any
 from sqlalchemy import Connection
 
 from farm.constants import POLICY_OUTCOMES, JobState, Outcome, Stage, StageStatus
-from farm.db import attempts, jobrows
-from farm.db import statements as sql
-from farm.db.claims import Claim
-from farm.db.jobrows import NEXT_STAGE, STAGE_STATE, JobRow
+from farm.db.jobs import attempts, jobrows
+from farm.db.jobs import statements as sql
+from farm.db.jobs.claims import Claim
+from farm.db.jobs.jobrows import NEXT_STAGE, STAGE_STATE, JobRow
 from farm.schemas import EvalResult, RunResult
 
 

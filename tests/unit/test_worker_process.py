@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from farm.config import Settings
-from farm.worker.run import CELERY_TASK_LOGGERS, quiet_task_logs
+from farm.worker.process import CELERY_TASK_LOGGERS, quiet_task_logs
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def test_quiet_task_logs_keeps_them_when_asked(celery_task_loggers):
 
 def test_only_workers_of_the_shared_init_queue_keep_prefetch_at_one():
     from farm.constants import Stage
-    from farm.worker.run import prefetch_multiplier
+    from farm.worker.process import prefetch_multiplier
 
     settings = Settings()
     assert prefetch_multiplier(settings, [Stage.INIT]) == 1
@@ -44,7 +44,7 @@ def test_no_tokenizer_warmup_without_a_policy(tmp_path):
     """Importing transformers holds the GIL for seconds and stalled the consumer of LLM-less farms."""
     from types import SimpleNamespace
 
-    from farm.worker.run import _warm_tokenizer
+    from farm.worker.process import _warm_tokenizer
 
     class NoLLM:
         settings = Settings(data_dir=tmp_path)

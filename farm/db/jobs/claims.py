@@ -11,9 +11,9 @@ from typing import Any
 from sqlalchemy import Connection
 
 from farm.constants import TERMINAL_STATES, JobState, Outcome, Stage, StageStatus
-from farm.db import attempts, jobrows
-from farm.db import statements as sql
-from farm.db.jobrows import LOST_ERROR, PREVIOUS_STATE, STAGE_STATE, JobRow
+from farm.db.jobs import attempts, jobrows
+from farm.db.jobs import statements as sql
+from farm.db.jobs.jobrows import LOST_ERROR, PREVIOUS_STATE, STAGE_STATE, JobRow
 from farm.db.sampling import SamplingCache
 from farm.schemas import SamplingParams, TrajectoryData
 

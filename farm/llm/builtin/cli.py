@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from farm.llm.tiny import DEFAULT_SEED
+from farm.llm.builtin.tiny import DEFAULT_SEED
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8800
@@ -42,15 +42,15 @@ def serve(
     import uvicorn
 
     from farm.errors import ConfigError
-    from farm.llm.script import load_script
+    from farm.llm.builtin.script import load_script
 
     try:
         script = load_script(script_path) if script_path is not None else None
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--script") from exc
 
-    from farm.llm.engine import Engine
-    from farm.llm.server import create_app
+    from farm.llm.builtin.engine import Engine
+    from farm.llm.builtin.server import create_app
 
     # torch loads only here: mounting this group into `farm` must not import it.
     engine = Engine(model_dir=model_dir, threads=threads or None, **({"max_batch": max_batch} if max_batch else {}))
@@ -63,7 +63,7 @@ def serve(
 @click.option("--seed", default=DEFAULT_SEED, show_default=True, type=int, help="seeds the random weights")
 def make_tiny_cmd(out_dir: Path, seed: int) -> None:
     """Write a tiny random Llama model and its locally trained tokenizer to OUT_DIR."""
-    from farm.llm.tiny import make_tiny
+    from farm.llm.builtin.tiny import make_tiny
 
     make_tiny(out_dir, seed=seed)
     click.echo(str(out_dir))

@@ -1,4 +1,4 @@
-"""The statements of the job state machine (``farm.db.claims``, ``.completions``, ``.lifecycle``),
+"""The statements of the job state machine (``farm.db.jobs.claims``, ``.completions``, ``.lifecycle``),
 built once.
 
 Building a SQLAlchemy expression costs more Python than running it, and these run several

@@ -1,6 +1,6 @@
 """The built-in CPU backend's generator: continuous batching over a transformers Llama model, with a prefix cache.
 
-Each sequence has its own growable KV buffers (``farm.llm.forward``), so a sequence joins or leaves
+Each sequence has its own growable KV buffers (``farm.llm.builtin.forward``), so a sequence joins or leaves
 the running batch between any two steps and a finished sequence's KV state goes into the prefix
 cache as it is.
 
@@ -8,7 +8,7 @@ Logprobs are vLLM's default ``raw_logprobs``: the log-softmax of the model's unm
 before temperature, top-k or top-p. They are the logprobs a trainer recomputes with a plain forward
 pass, whatever the sampling settings were.
 
-A request may carry ``forced`` ids (a scripted reply, ``farm.llm.script``): its sequence then takes
+A request may carry ``forced`` ids (a scripted reply, ``farm.llm.builtin.script``): its sequence then takes
 the next forced id instead of sampling one, reports that id's logprob exactly as it would a sampled
 one, and ends like any other sequence (a stop id, ``max_tokens``) or when the forced ids run out.
 It batches and uses the prefix cache like any other sequence.
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from farm.llm.forward import alloc_kv, forward
-from farm.llm.kvcache import PrefixCache
-from farm.llm.sampler import sample_token
+from farm.llm.builtin.forward import alloc_kv, forward
+from farm.llm.builtin.kvcache import PrefixCache
+from farm.llm.builtin.sampler import sample_token
 from farm.llm.types import FinishReason, SamplingParams
 
 #: sequences decoded together in one step.

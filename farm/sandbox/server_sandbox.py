@@ -235,10 +235,6 @@ class ServerSandbox:
         # outside the sandbox); server_pythonpath() supplies the site-packages directories instead.
         return [python, "-S", "-m", "farm.tools.server", json.dumps(config)]
 
-    @staticmethod
-    def _python() -> str:
-        return sys.executable
-
     # ---- use --------------------------------------------------------------------------------
     @classmethod
     def attach(

@@ -1,5 +1,5 @@
-"""The job state machine's writes besides claims (``farm.db.claims``) and completions
-(``farm.db.completions``): renew leases, retry or fail a stage, cancel a batch, find lapsed
+"""The job state machine's writes besides claims (``farm.db.jobs.claims``) and completions
+(``farm.db.jobs.completions``): renew leases, retry or fail a stage, cancel a batch, find lapsed
 leases. Each function runs inside the caller's transaction.
 
 The usual case of a claim or a completion is one conditional UPDATE that checks the job is
@@ -13,7 +13,7 @@ batch row, so two writers cannot deadlock.
 An attempt's ``stage_runs`` row is written once, when the attempt ends (completed, retried,
 failed, cancelled, or found lost); while it runs it lives on the job row (``worker``, ``node``,
 ``stage_attempts``, ``stage_started_at``). Statements take a Core ``Connection`` (the ORM
-Session doubled the cost of a claim) and are built once (see ``farm.db.statements``).
+Session doubled the cost of a claim) and are built once (see ``farm.db.jobs.statements``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from datetime import datetime
 from sqlalchemy import Connection, select, update
 
 from farm.constants import TERMINAL_STATES, BatchState, JobState, Outcome, Stage, StageStatus
-from farm.db import attempts, jobrows, teardowns
-from farm.db import statements as sql
+from farm.db import teardowns
 from farm.db.base import utcnow
-from farm.db.jobrows import LOST_ERROR, STAGE_STATE, STATE_STAGE
+from farm.db.jobs import attempts, jobrows
+from farm.db.jobs import statements as sql
+from farm.db.jobs.jobrows import LOST_ERROR, STAGE_STATE, STATE_STAGE
 from farm.db.models import Batch, Job, check_transition
 
 

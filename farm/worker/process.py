@@ -1,4 +1,5 @@
-"""Starting a worker process for some stages on this node (``farm worker``)."""
+"""Starting a worker process for some stages on this node (``farm worker``): the Celery worker,
+its sandbox self-check and its log set-up."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Routes (shapes as in vLLM 0.32's ``openai/completion/protocol.py`` and
   ``farm:`` counters of scripted and sampled requests.
 - ``GET /v1/script`` (farm's own): the loaded script's rules and hits per rule.
 
-With a script (``farm.llm.script``), a prompt that matches one of its rules gets the rule's text as
+With a script (``farm.llm.builtin.script``), a prompt that matches one of its rules gets the rule's text as
 forced ids; any other prompt is sampled.
 """
 
@@ -31,8 +31,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
 
-from farm.llm.engine import Engine, EngineOutput, EngineRequestError
-from farm.llm.script import Script, ScriptFile
+from farm.llm.builtin.engine import Engine, EngineOutput, EngineRequestError
+from farm.llm.builtin.script import Script, ScriptFile
 from farm.llm.types import DEFAULT_MAX_TOKENS, SamplingParams
 
 
