@@ -17,12 +17,16 @@
     ├─ UpstreamError                    the LLM backend failed
     │   ├─ UpstreamTimeout
     │   ├─ UpstreamStatusError(status)
+    │   │   └─ ContextLengthExceeded    the prompt outgrew the context: ends the episode, not a fault
     │   ├─ UpstreamConnectError         never reached the backend: safe to send elsewhere
     │   └─ NoBackendAvailable
-    └─ ApiError(status, code, detail)   raised by farm.client for an HTTP error answer
+    ├─ VerifierError(kind)              (tasks.harbor) a task's verifier gave no reward
+    ├─ Unauthorized, Unavailable        only from farm.client: a 401, a 503
+    └─ ApiError(status, code, detail)   raised by farm.client for an HTTP error answer; each
+                                        code maps to a subclass that is also the class above
+                                        (``except NotFound`` catches a 404 from the API)
 
-    Retry(delay_s)                      control flow: re-run the stage later
-    Shutdown(BaseException)             unswallowable: the worker is going away
+    Retry(reason, delay_s)              control flow: a handler asks for its stage again later
 
 The policy failing (wrong answer, failing tests, a bad tool call) is a *result*, never
 an exception. Raise only when infrastructure fails; ``outcome`` says how a job that
@@ -144,14 +148,57 @@ class NoBackendAvailable(UpstreamError):
     """The balancer has no healthy backend to hand out."""
 
 
-class ApiError(FarmError):
-    """The farm API answered with an error; raised by ``farm.client``."""
+class Unauthorized(FarmError):
+    """The API refused the bearer token (farm.client only: the server answers 401)."""
 
-    def __init__(self, status: int, code: str, detail: str) -> None:
+
+class Unavailable(FarmError):
+    """The API could not reach its database or Redis (farm.client only: the server answers 503)."""
+
+
+class ApiError(FarmError):
+    """The farm API answered with an error; raised by ``farm.client`` as the subclass that is
+    also the error class of its ``code`` (see ``api_error``), so ``except NotFound`` works on both
+    sides of the wire."""
+
+    def __init__(self, status: int, code: str, detail: str, field: str | None = None) -> None:
         super().__init__(f"{status} {code}: {detail}")
         self.status = status
         self.code = code
         self.detail = detail
+        self.field = field
+
+
+#: The API's answer to each error: (class, HTTP status, ``code`` in the body), most specific
+#: first. The server picks the first class an error is an instance of; the client maps the code
+#: back to the class.
+HTTP_ERRORS: list[tuple[type[FarmError], int, str]] = [
+    (HandlerNotFound, 422, "unknown_task_type"),
+    (NotFound, 404, "not_found"),
+    (InvalidSpec, 422, "invalid_spec"),
+    (Conflict, 409, "conflict"),
+    (InvalidTransition, 409, "invalid_transition"),
+    (UpstreamError, 502, "upstream_error"),
+    (ConfigError, 500, "config_error"),
+]
+#: codes the API answers without a FarmError behind them (request validation, auth, size, 503).
+_HTTP_ONLY_CODES: dict[str, type[FarmError]] = {
+    "invalid_request": InvalidSpec,
+    "body_too_large": InvalidSpec,
+    "unauthorized": Unauthorized,
+    "unavailable": Unavailable,
+}
+_CLASS_FOR_CODE: dict[str, type[FarmError]] = {code: cls for cls, _, code in HTTP_ERRORS} | _HTTP_ONLY_CODES
+_API_CLASSES: dict[str, type[ApiError]] = {
+    code: type(f"Api{cls.__name__}", (ApiError, cls), {"__doc__": f"{cls.__doc__} (answered by the API)"})
+    for code, cls in _CLASS_FOR_CODE.items()
+}
+
+
+def api_error(status: int, code: str, detail: str, field: str | None = None) -> ApiError:
+    """The exception for an error answer: an ``ApiError`` that is also the class of ``code``
+    (a plain ``ApiError`` for a code this client does not know)."""
+    return _API_CLASSES.get(code, ApiError)(status, code, detail, field)
 
 
 class Retry(Exception):  # noqa: N818 - control flow, named like dramatiq/arq
@@ -161,7 +208,3 @@ class Retry(Exception):  # noqa: N818 - control flow, named like dramatiq/arq
         super().__init__(reason)
         self.reason = reason
         self.delay_s = delay_s
-
-
-class Shutdown(BaseException):  # noqa: N818 - like rq's, must not be swallowed by `except Exception`
-    """The worker is shutting down; unwind without recording a result."""

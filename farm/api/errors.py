@@ -18,30 +18,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from farm.errors import (
-    ConfigError,
-    Conflict,
-    FarmError,
-    HandlerNotFound,
-    InvalidSpec,
-    InvalidTransition,
-    NotFound,
-    UpstreamError,
-)
+from farm.errors import HTTP_ERRORS, FarmError
 from farm.schemas import ErrorOut
 
 log = logging.getLogger(__name__)
-
-#: most specific first.
-STATUS_FOR_ERROR: list[tuple[type[FarmError], int, str]] = [
-    (HandlerNotFound, 422, "unknown_task_type"),
-    (NotFound, 404, "not_found"),
-    (InvalidSpec, 422, "invalid_spec"),
-    (Conflict, 409, "conflict"),
-    (InvalidTransition, 409, "invalid_transition"),
-    (UpstreamError, 502, "upstream_error"),
-    (ConfigError, 500, "config_error"),
-]
 
 
 #: what each error status means, as the OpenAPI spec describes it.
@@ -72,7 +52,7 @@ def error_response(
 
 def _farm_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FarmError)
-    for cls, status, code in STATUS_FOR_ERROR:
+    for cls, status, code in HTTP_ERRORS:
         if isinstance(exc, cls):
             return error_response(status, code, exc.message, getattr(exc, "field", None))
     log.error("unhandled farm error: %s", exc)

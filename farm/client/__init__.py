@@ -5,12 +5,29 @@
 ...     batch = farm.submit([{"type": "math", "config": {...}}], group_size=8)
 ...     for result in farm.results(batch.id):
 ...         ...
+
+An error answer raises ``ApiError`` as the subclass that is also the farm error of its code:
+``NotFound`` (404), ``InvalidSpec`` (422, ``field`` names what to fix), ``Conflict`` (409),
+``Unauthorized`` (401), ``Unavailable`` (503: the farm's database or Redis, retry shortly).
 """
 
 from __future__ import annotations
 
 from farm.client.arrays import TrajectoryArrays, decode_trajectory, to_arrays
 from farm.client.client import AsyncFarmClient, FarmClient
-from farm.errors import ApiError
+from farm.errors import ApiError, Conflict, InvalidSpec, NotFound, Unauthorized, Unavailable, UpstreamError
 
-__all__ = ["ApiError", "AsyncFarmClient", "FarmClient", "TrajectoryArrays", "decode_trajectory", "to_arrays"]
+__all__ = [
+    "ApiError",
+    "AsyncFarmClient",
+    "Conflict",
+    "FarmClient",
+    "InvalidSpec",
+    "NotFound",
+    "TrajectoryArrays",
+    "Unauthorized",
+    "Unavailable",
+    "UpstreamError",
+    "decode_trajectory",
+    "to_arrays",
+]

@@ -1,7 +1,8 @@
 """``FarmClient`` (sync) and ``AsyncFarmClient``: the farm's HTTP API for trainers.
 
 Both build requests and read answers through the same helpers, so they cannot drift.
-Any error answer raises ``ApiError(status, code, detail)``.
+Any error answer raises an ``ApiError(status, code, detail)`` that is also the farm error class of
+its code (``except NotFound``, ``except InvalidSpec``; see ``farm.errors.HTTP_ERRORS``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import httpx
 from pydantic import BaseModel
 
 from farm.constants import BatchState
-from farm.errors import ApiError
+from farm.errors import api_error
 from farm.schemas import (
     ArrayEncoding,
     BatchCreate,
@@ -60,12 +61,13 @@ def _batch_body(
 def _check(response: httpx.Response) -> httpx.Response:
     if response.is_success:
         return response
+    field = None
     try:
         body = response.json()
-        code, detail = body.get("code", "http_error"), body.get("detail", response.text)
-    except ValueError:
+        code, detail, field = body.get("code", "http_error"), body.get("detail", response.text), body.get("field")
+    except (ValueError, AttributeError):
         code, detail = "http_error", response.text or response.reason_phrase
-    raise ApiError(response.status_code, code, str(detail))
+    raise api_error(response.status_code, code, str(detail), field)
 
 
 def _parse(model: type[M], response: httpx.Response) -> M:

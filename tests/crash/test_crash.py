@@ -147,8 +147,7 @@ def chaos_scenario(name: str, make_farm, crash_db: str, postgres: PrivatePostgre
         jobs=CHAOS_JOBS,
         faults=farm.faults,
         seconds=stats["seconds"],
-        extra=f"stream_reconnects={reader.reconnects} "
-        f"not_ok_attempts[{stats['not_ok_attempts']}]",
+        extra=f"stream_reconnects={reader.reconnects} not_ok_attempts[{stats['not_ok_attempts']}]",
     )
 
 

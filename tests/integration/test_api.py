@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from farm.api.app import create_app
+from farm.client import FarmClient
 from farm.config import Settings
-from farm.errors import ConfigError
+from farm.errors import ApiError, ConfigError, HandlerNotFound, InvalidSpec, NotFound, Unauthorized
 
 pytestmark = pytest.mark.integration
 
@@ -114,6 +116,28 @@ def test_malformed_json_is_a_clear_422(api: TestClient):
 def test_oversized_body_is_413(api: TestClient):
     body = {"tasks": [{"type": "echo", "config": {"text": "x" * 70_000}}]}
     assert_error(api.post("/v1/batches", json=body, headers=AUTH), 413, "body_too_large", says="split the batch")
+
+
+def test_the_client_raises_the_farm_error_of_each_answer(api: TestClient):
+    """``except NotFound`` works on the trainer's side of the wire, as it does on the server's."""
+
+    def through_the_app(request: httpx.Request) -> httpx.Response:
+        answer = api.request(request.method, str(request.url), headers=request.headers, content=request.content)
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
+
+    transport = httpx.MockTransport(through_the_app)
+    with FarmClient("http://testserver", token=TOKEN, transport=transport) as client:
+        with pytest.raises(NotFound) as missing:
+            client.status(987654321)
+        assert isinstance(missing.value, ApiError) and missing.value.status == 404
+        with pytest.raises(HandlerNotFound):
+            client.submit([{"type": "no-such-type"}])
+        with pytest.raises(InvalidSpec) as bad:
+            client.submit([{"type": "echo", "config": {"text": ""}}])
+        assert bad.value.field is not None and "text" in bad.value.field
+    with FarmClient("http://testserver", token="wrong", transport=transport) as client:
+        with pytest.raises(Unauthorized):
+            client.status(1)
 
 
 def test_unknown_ids_are_404(api: TestClient):

@@ -9,7 +9,18 @@ import sys
 import httpx
 import pytest
 
-from farm.client import ApiError, AsyncFarmClient, FarmClient
+from farm.client import (
+    ApiError,
+    AsyncFarmClient,
+    Conflict,
+    FarmClient,
+    InvalidSpec,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+    UpstreamError,
+)
+from farm.errors import HandlerNotFound
 
 
 def test_submit_sends_bearer_token_body_and_idempotency_key():
@@ -44,6 +55,34 @@ def test_error_answer_raises_api_error_with_code_and_detail():
         client.status(1)
     assert (info.value.status, info.value.code) == (422, "invalid_spec")
     assert "tasks.0.config.text" in info.value.detail
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "caught"),
+    [
+        (404, "not_found", NotFound),
+        (422, "unknown_task_type", HandlerNotFound),
+        (422, "invalid_request", InvalidSpec),
+        (409, "conflict", Conflict),
+        (401, "unauthorized", Unauthorized),
+        (503, "unavailable", Unavailable),
+        (502, "upstream_error", UpstreamError),
+    ],
+)
+def test_each_error_code_raises_the_farm_error_a_trainer_catches(status, code, caught):
+    body = {"code": code, "detail": "what to fix", "field": "tasks.0.type"}
+    transport = httpx.MockTransport(lambda r: httpx.Response(status, json=body))
+    with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(caught) as info:
+        client.status(1)
+    assert isinstance(info.value, ApiError) and (info.value.status, info.value.code) == (status, code)
+    assert info.value.field == "tasks.0.type"
+
+
+def test_an_unknown_code_is_a_plain_api_error():
+    transport = httpx.MockTransport(lambda r: httpx.Response(418, json={"code": "teapot", "detail": "short"}))
+    with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(ApiError) as info:
+        client.status(1)
+    assert type(info.value) is ApiError and not isinstance(info.value, NotFound)
 
 
 def test_non_json_error_still_raises_api_error():
