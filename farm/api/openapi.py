@@ -2,11 +2,11 @@
 
 FastAPI describes a task as ``{type: str, config: object}``; the service accepts far less: a
 ``type`` that names an installed handler (or a ``package.module:Class`` path) and the ``config``
-that handler's ``config_class`` validates (read from its light config module, see
-``farm.handlers.registry``, so the API never imports a handler). ``task_spec_schema`` puts exactly that in the spec, one
-branch per installed handler with its config's JSON schema, and the batch size limit this process
-enforces. What JSON Schema cannot say (a shipped problem id, one field or another) stays a 422
-naming the field.
+that handler's ``config_class`` validates (read from its light config module where it has one,
+see ``farm.handlers.registry``, so the API imports no agent or sandbox code). ``task_spec_schema``
+puts exactly that in the spec, one branch per installed handler with its config's JSON schema,
+and the batch size limit this process enforces. What JSON Schema cannot say (a shipped problem
+id, one field or another) stays a 422 naming the field.
 """
 
 from __future__ import annotations
