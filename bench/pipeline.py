@@ -13,6 +13,7 @@ bottleneck stage's work divided by its cap.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import tempfile
 import time
@@ -69,10 +70,13 @@ def coupled_makespan(jobs: int) -> float:
             deadline=time.monotonic() + 60,
         )
 
+    async def stages() -> float:
+        state = await handler.init(config, ctx(Stage.INIT))
+        result = await handler.run(config, state, ctx(Stage.RUN))
+        return (await handler.evaluate(config, {**state, **result.state}, result.trajectory, ctx(Stage.EVAL))).reward
+
     def one_job(_: int) -> float:
-        state = handler.init(config, ctx(Stage.INIT))
-        result = handler.run(config, state, ctx(Stage.RUN))
-        return handler.evaluate(config, {**state, **result.state}, result.trajectory, ctx(Stage.EVAL)).reward
+        return asyncio.run(stages())
 
     slots = min(CAPS.values())
     started = time.perf_counter()

@@ -28,8 +28,7 @@ from farm.agent.toolbox import SandboxToolbox
 from farm.errors import SandboxError
 from farm.handlers.base import ConfigT, StageContext, TaskHandler
 from farm.llm.trajectory import TrajectoryBuilder
-from farm.sandbox import SandboxSpec
-from farm.sandbox.server_sandbox import ServerSandbox
+from farm.sandbox.base import Sandbox, SandboxSpec
 from farm.schemas import RunResult, TrajectoryData
 from farm.tools.base import ToolResult
 
@@ -72,23 +71,21 @@ class AgentHandler(TaskHandler[ConfigT]):
         )
 
     def collect(
-        self, config: ConfigT, state: dict[str, Any], sandbox: ServerSandbox | None, episode: Episode
+        self, config: ConfigT, state: dict[str, Any], sandbox: Sandbox | None, episode: Episode
     ) -> dict[str, Any]:
         """What EVAL needs from the sandbox, taken at the end of RUN (blocking; runs in a thread)."""
         return {}
 
     # ---- stages -----------------------------------------------------------------------------
-    def init(self, config: ConfigT, ctx: StageContext) -> dict[str, Any]:
+    async def init(self, config: ConfigT, ctx: StageContext) -> dict[str, Any]:
         spec = self.sandbox_spec(config)
         if spec is None:
             return {}
-        _, state = self._new_sandbox(config, spec, ctx)
+        _, state = await asyncio.to_thread(self._new_sandbox, config, spec, ctx)
         return state
 
-    def _new_sandbox(
-        self, config: ConfigT, spec: SandboxSpec, ctx: StageContext
-    ) -> tuple[ServerSandbox, dict[str, Any]]:
-        sandboxes = ctx.resources["sandbox"]
+    def _new_sandbox(self, config: ConfigT, spec: SandboxSpec, ctx: StageContext) -> tuple[Sandbox, dict[str, Any]]:
+        sandboxes = ctx.sandboxes
         with sandboxes.scratch_dir(prefix=f"job{ctx.job_id}-") as dest:
             state = self.workspace_files(config, dest)
             sandbox = sandboxes.create(spec.model_copy(update={"workspace": dest, "label": f"job {ctx.job_id}"}))
@@ -97,10 +94,10 @@ class AgentHandler(TaskHandler[ConfigT]):
     async def run(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> RunResult:
         started = time.monotonic()
         spec = self.sandbox_spec(config)
-        sandbox: ServerSandbox | None = None
+        sandbox: Sandbox | None = None
         fresh: dict[str, Any] = {}
         if spec is not None:
-            sandboxes = ctx.resources["sandbox"]
+            sandboxes = ctx.sandboxes
             if ctx.attempt <= 1:
                 sandbox = await asyncio.to_thread(sandboxes.attach, state[SANDBOX_KEY])
             else:
@@ -121,12 +118,12 @@ class AgentHandler(TaskHandler[ConfigT]):
         self,
         config: ConfigT,
         state: dict[str, Any],
-        sandbox: ServerSandbox | None,
+        sandbox: Sandbox | None,
         ctx: StageContext,
         fresh: dict[str, Any],
         started: float,
     ) -> RunResult:
-        llm = ctx.resources["llm"]
+        llm = ctx.llm
         tools = SandboxToolbox(sandbox.tools(), self.tool_names(config)) if sandbox is not None else None
         specs = [dict(spec) for spec in tools.specs] if tools is not None else []
         tokenizer = await asyncio.to_thread(lambda: llm.tokenizer)
@@ -166,18 +163,22 @@ class AgentHandler(TaskHandler[ConfigT]):
         return RunResult(trajectory=trajectory, outcome=episode.outcome, reason=episode.reason, state=out_state)
 
     @contextmanager
-    def attached(self, state: dict[str, Any], ctx: StageContext) -> Iterator[ServerSandbox]:
+    def attached(self, state: dict[str, Any], ctx: StageContext) -> Iterator[Sandbox]:
         """The job's sandbox, for an EVAL that scores the agent's environment as it was left."""
-        sandbox: ServerSandbox = ctx.resources["sandbox"].attach(state[SANDBOX_KEY])
+        sandbox = ctx.sandboxes.attach(state[SANDBOX_KEY])
         try:
             yield sandbox
         finally:
             sandbox.detach()
 
-    def teardown(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> None:
+    async def teardown(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> None:
+        await asyncio.to_thread(self._release, state, ctx)
+
+    @staticmethod
+    def _release(state: dict[str, Any], ctx: StageContext) -> None:
         if SANDBOX_KEY in state:
-            ctx.resources["sandbox"].destroy(state[SANDBOX_KEY])
-        ctx.resources["llm"].release(ctx.job_id)
+            ctx.sandboxes.destroy(state[SANDBOX_KEY])
+        ctx.llm.release(ctx.job_id)
 
     @staticmethod
     def run_fresh(
@@ -188,9 +189,8 @@ class AgentHandler(TaskHandler[ConfigT]):
         For scoring on a fresh copy: nothing the agent left running or wrote can reach it.
         ``outputs`` are workspace-relative files read back afterwards (a missing one is left out).
         """
-        sandboxes = ctx.resources["sandbox"]
         spec = SandboxSpec(workspace=workspace, label=f"job {ctx.job_id} eval")
-        with sandboxes.create(spec) as sandbox:
+        with ctx.sandboxes.create(spec) as sandbox:
             result = sandbox.run(["bash", "-c", command], timeout_s=timeout_s)
             files: dict[str, bytes] = {}
             for name in outputs:

@@ -2,10 +2,11 @@
 
 FastAPI describes a task as ``{type: str, config: object}``; the service accepts far less: a
 ``type`` that names an installed handler (or a ``package.module:Class`` path) and the ``config``
-that handler's ``config_class`` validates. ``task_spec_schema`` puts exactly that in the spec, one
-branch per installed handler with its config's JSON schema, and the batch size limit this process
-enforces. What JSON Schema cannot say (a shipped problem id, one field or another) stays a 422
-naming the field.
+that handler's ``config_class`` validates (read from its light config module where it has one,
+see ``farm.handlers.registry``, so the API imports no agent or sandbox code). ``task_spec_schema``
+puts exactly that in the spec, one branch per installed handler with its config's JSON schema,
+and the batch size limit this process enforces. What JSON Schema cannot say (a shipped problem
+id, one field or another) stays a 422 naming the field.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from farm.config import Settings
-from farm.handlers.registry import TARGET_PATTERN, get_handler, known_handlers
+from farm.handlers.registry import TARGET_PATTERN, get_config_class, known_handlers
 
 REF_PREFIX = "#/components/schemas/"
 
@@ -24,7 +25,7 @@ REF_PREFIX = "#/components/schemas/"
 def _handler_branch(name: str, components: dict[str, Any], name_schema: Any) -> dict[str, Any]:
     """The TaskSpec branch of one handler; its config's sub-schemas go to the components, prefixed."""
     prefix = f"{name.capitalize()}Task"
-    config = get_handler(name).config_class.model_json_schema(ref_template=f"{REF_PREFIX}{prefix}{{model}}")
+    config = get_config_class(name).model_json_schema(ref_template=f"{REF_PREFIX}{prefix}{{model}}")
     for def_name, definition in config.pop("$defs", {}).items():
         components[f"{prefix}{def_name}"] = definition
     return {

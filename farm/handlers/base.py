@@ -1,29 +1,109 @@
-"""The handler interface: one method per stage, plain data in and out.
+"""The handler interface: one async method per stage, plain data in and out.
 
 A handler never opens database sessions, reads settings or calls Celery: the pipeline
-hands it what it needs through ``StageContext`` (sandboxes, LLM sessions and tools are
-added there as resources), and stores what it returns. Each method may be a plain
-function or a coroutine function; the pipeline runs coroutines to completion.
+hands it what it needs through ``StageContext`` (the job's facts, and typed resources:
+``ctx.llm`` for LLM sessions and the policy's tokenizer, ``ctx.sandboxes`` for sandboxes on
+this node), and stores what it returns. Every stage method is a coroutine function, run on
+the worker process's event loop (as arq runs its jobs): blocking work goes through
+``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
 from farm.constants import Stage
-from farm.errors import InvalidSpec
+from farm.errors import FarmError, InvalidSpec
 from farm.schemas import EvalResult, RunResult, SamplingParams, TrajectoryData
 
+if TYPE_CHECKING:  # types only: importing this module must not load sandboxes or the LLM layer
+    from farm.llm.trajectory import ChatTokenizer
+    from farm.llm.types import GenerateResult
+    from farm.sandbox.base import Sandbox, SandboxSpec
+
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
-Maybe = TypeVar("Maybe")
-#: a handler method's return: the value, or a coroutine producing it.
-MaybeAwaitable: TypeAlias = Maybe | Awaitable[Maybe]
+
+#: the names of a handler's stage methods, each an ``async def``.
+STAGE_METHODS = ("init", "run", "evaluate", "teardown")
+
+
+class LLMSession(Protocol):
+    """A job's sticky link to one backend (:class:`farm.llm.session.LLMSession`); ``async with`` it."""
+
+    #: (from, to) backend ids of every re-route.
+    moves: list[tuple[str, str]]
+    backend_id: str | None
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None) -> GenerateResult: ...
+
+    async def __aenter__(self) -> LLMSession: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+class LLM(Protocol):
+    """What a stage may ask of the LLM layer (:class:`farm.worker.llm.LLMResources`)."""
+
+    @property
+    def tokenizer(self) -> ChatTokenizer:
+        """The policy's tokenizer, loaded on first use (blocking: call through a thread)."""
+        ...
+
+    def session(self, job_id: int) -> AbstractAsyncContextManager[LLMSession]:
+        """The job's session on its balancer-chosen backend; enter it on the worker's event loop."""
+        ...
+
+    def release(self, job_id: int) -> None:
+        """Give the job's backend slot back (idempotent; blocking)."""
+        ...
+
+
+class Sandboxes(Protocol):
+    """Sandboxes on this node (:class:`farm.worker.sandboxes.SandboxResources`); every method blocks."""
+
+    def create(self, spec: SandboxSpec) -> Sandbox:
+        """Start a sandbox owned by this process.
+
+        Raises:
+            SandboxUnavailable: the runtime is missing or the sandbox did not come up.
+        """
+        ...
+
+    def attach(self, sandbox_id: str) -> Sandbox:
+        """The sandbox another stage of the job made on this node.
+
+        Raises:
+            SandboxError: no such sandbox here.
+        """
+        ...
+
+    def destroy(self, sandbox_id: str) -> None:
+        """Close a sandbox by id; one already gone is not an error."""
+        ...
+
+    def scratch_dir(self, prefix: str = "scratch-") -> AbstractContextManager[Path]:
+        """A host directory for files a sandbox starts from (removed on exit)."""
+        ...
+
+
+class _Missing:
+    """A resource the context was not given: using it says so (contexts built by tests often need none)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):  # protocols probed by copy, pickle, hasattr: plainly absent
+            raise AttributeError(attr)
+        raise FarmError(f"this stage context has no {self._name} resource (pass {self._name}= to StageContext)")
 
 
 @dataclass(frozen=True)
@@ -41,7 +121,10 @@ class StageContext:
     deadline: float
     #: true once the job's batch was cancelled: agent loops check it every turn.
     is_cancelled: Callable[[], bool] = lambda: False
-    resources: dict[str, Any] = field(default_factory=dict)
+    #: LLM sessions and the policy's tokenizer.
+    llm: LLM = field(default=cast("LLM", _Missing("llm")))
+    #: sandboxes on this node.
+    sandboxes: Sandboxes = field(default=cast("Sandboxes", _Missing("sandboxes")))
 
     def remaining_s(self) -> float:
         return self.deadline - time.monotonic()
@@ -63,7 +146,7 @@ class TaskHandler(Generic[ConfigT]):
 
     ``init`` returns the state RUN needs (JSON-serialisable); ``run`` returns the episode;
     ``evaluate`` scores it. ``teardown`` is always called once the job leaves its node
-    (after EVAL, on failure, on cancel); it is a no-op here.
+    (after EVAL, on failure, on cancel); it is a no-op here. Each is an ``async def``.
     """
 
     config_class: ClassVar[type[BaseModel]]
@@ -71,16 +154,16 @@ class TaskHandler(Generic[ConfigT]):
     def validate(self, config: dict[str, Any]) -> ConfigT:
         return validate_config(self.config_class, config)  # type: ignore[return-value]
 
-    def init(self, config: ConfigT, ctx: StageContext) -> MaybeAwaitable[dict[str, Any]]:
+    async def init(self, config: ConfigT, ctx: StageContext) -> dict[str, Any]:
         return {}
 
-    def run(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> MaybeAwaitable[RunResult]:
+    async def run(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> RunResult:
         raise NotImplementedError(f"{type(self).__name__} has no RUN stage")
 
-    def evaluate(
+    async def evaluate(
         self, config: ConfigT, state: dict[str, Any], trajectory: TrajectoryData, ctx: StageContext
-    ) -> MaybeAwaitable[EvalResult]:
+    ) -> EvalResult:
         raise NotImplementedError(f"{type(self).__name__} has no EVAL stage")
 
-    def teardown(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> MaybeAwaitable[None]:
+    async def teardown(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> None:
         return None

@@ -3,13 +3,14 @@
 INIT turns the text into byte-level token ids; RUN "samples" the text back (reversed if
 asked) with a seeded per-character corruption rate, producing a trajectory with a
 prompt (loss mask 0) and a response (loss mask 1); EVAL scores the characters of the response
-that match the target, over the longer of the two (extra characters count against it).
-Optional per-stage sleeps make it a stand-in for real stage costs in benchmarks, and
-``fail_attempts`` simulates infrastructure faults for retry tests.
+that match the target, over the longer of the two (extra characters count against it). Optional
+per-stage sleeps make it a stand-in for real stage costs in benchmarks, and ``fail_attempts``
+simulates infrastructure faults for retry tests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import time
@@ -58,13 +59,13 @@ def _decode(ids: list[int]) -> str:
     return bytes(i - BYTE_OFFSET for i in ids if i >= BYTE_OFFSET).decode("utf-8", errors="replace")
 
 
-def _sleep(seconds: float, ctx: StageContext) -> bool:
+async def _sleep(seconds: float, ctx: StageContext) -> bool:
     """Sleep, waking early on cancel; True when cancelled."""
     end = time.monotonic() + seconds
     while (left := end - time.monotonic()) > 0:
         if ctx.is_cancelled():
             return True
-        time.sleep(min(left, CANCEL_POLL_S))
+        await asyncio.sleep(min(left, CANCEL_POLL_S))
     return ctx.is_cancelled()
 
 
@@ -77,15 +78,15 @@ class EchoHandler(TaskHandler[EchoConfig]):
         if config.fail_stage is ctx.stage and ctx.attempt <= config.fail_attempts:
             raise SandboxError(f"simulated {ctx.stage.value} failure, attempt {ctx.attempt}", job_id=ctx.job_id)
 
-    def init(self, config: EchoConfig, ctx: StageContext) -> dict[str, Any]:
+    async def init(self, config: EchoConfig, ctx: StageContext) -> dict[str, Any]:
         self._maybe_fail(config, ctx)
-        _sleep(config.sleep_s.init, ctx)
+        await _sleep(config.sleep_s.init, ctx)
         return {"prompt_ids": [BOS_ID, *_encode(config.text), SEP_ID]}
 
-    def run(self, config: EchoConfig, state: dict[str, Any], ctx: StageContext) -> RunResult:
+    async def run(self, config: EchoConfig, state: dict[str, Any], ctx: StageContext) -> RunResult:
         self._maybe_fail(config, ctx)
         prompt: list[int] = state["prompt_ids"]
-        if _sleep(config.sleep_s.run, ctx):
+        if await _sleep(config.sleep_s.run, ctx):
             return RunResult(
                 trajectory=TrajectoryData(token_ids=prompt, logprobs=[0.0] * len(prompt), loss_mask=[0] * len(prompt)),
                 outcome=Outcome.CANCELLED,
@@ -106,11 +107,11 @@ class EchoHandler(TaskHandler[EchoConfig]):
         )
         return RunResult(trajectory=trajectory, state={"target": target})
 
-    def evaluate(
+    async def evaluate(
         self, config: EchoConfig, state: dict[str, Any], trajectory: TrajectoryData, ctx: StageContext
     ) -> EvalResult:
         self._maybe_fail(config, ctx)
-        _sleep(config.sleep_s.eval, ctx)
+        await _sleep(config.sleep_s.eval, ctx)
         response = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if m and t != EOS_ID]
         got, want = _decode(response), state["target"]
         matches = sum(a == b for a, b in zip(got, want, strict=False))

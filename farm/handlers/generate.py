@@ -46,7 +46,7 @@ class GenerateHandler(TaskHandler[GenerateConfig]):
     async def run(self, config: GenerateConfig, state: dict[str, Any], ctx: StageContext) -> RunResult:
         from farm.llm.trajectory import TrajectoryBuilder
 
-        llm = ctx.resources["llm"]
+        llm = ctx.llm
         tokenizer = await asyncio.to_thread(lambda: llm.tokenizer)
         messages = [m.model_dump() for m in config.messages]
         builder = await asyncio.to_thread(TrajectoryBuilder, tokenizer=tokenizer, messages=messages)
@@ -72,13 +72,13 @@ class GenerateHandler(TaskHandler[GenerateConfig]):
         )
         return RunResult(trajectory=trajectory, state={"reply": reply})
 
-    def evaluate(
+    async def evaluate(
         self, config: GenerateConfig, state: dict[str, Any], trajectory: TrajectoryData, ctx: StageContext
     ) -> EvalResult:
         reply, want = state.get("reply", "").strip(), (config.reference or "").strip()
         hit = bool(want) and (reply == want if config.match == "exact" else want in reply)
         return EvalResult(reward=float(hit), metrics={"scored": float(config.reference is not None)})
 
-    def teardown(self, config: GenerateConfig, state: dict[str, Any], ctx: StageContext) -> None:
+    async def teardown(self, config: GenerateConfig, state: dict[str, Any], ctx: StageContext) -> None:
         # The session releases its backend slot; this covers a RUN that died before it could.
-        ctx.resources["llm"].release(ctx.job_id)
+        await asyncio.to_thread(ctx.llm.release, ctx.job_id)

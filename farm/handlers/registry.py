@@ -1,20 +1,33 @@
-"""Handlers by name: the ``farm.handlers`` entry-point group, or a ``module:Class`` path."""
+"""Handlers by name: the ``farm.handlers`` entry-point group, or a ``module:Class`` path.
+
+A handler's config class can be had without importing the handler (the API validates submits
+with it, and must not load sandboxes or the agent loop): for a handler at ``pkg.handler:Class``,
+the light module ``pkg.config`` names it as its module-level ``config_class``. A handler
+without such a module is imported for its ``config_class`` instead.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import inspect
 import re
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
+from pydantic import BaseModel
+
 from farm.errors import ConfigError, HandlerNotFound
-from farm.handlers.base import TaskHandler
+from farm.handlers.base import STAGE_METHODS, TaskHandler
 
 ENTRY_POINT_GROUP = "farm.handlers"
 #: ``package.module:Class``, ASCII identifiers only: anything else is no handler path.
 TARGET_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 _TARGET = re.compile(TARGET_PATTERN)
+#: the handler module's name, and its sibling's that holds the config class alone.
+HANDLER_MODULE = "handler"
+CONFIG_MODULE = "config"
 
 
 @cache
@@ -23,14 +36,54 @@ def known_handlers() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def _target(name: str) -> str:
+    target = known_handlers().get(name)
+    if target is None:
+        if not _TARGET.match(name):
+            known = ", ".join(sorted(known_handlers())) or "(none installed)"
+            raise HandlerNotFound(f"unknown task type {name!r}; known types: {known}")
+        target = name
+    return target
+
+
+def _import(module_name: str, attr: str, what: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except Exception as exc:  # any error at import time: the module itself is broken
+        raise ConfigError(f"{what} {f'{module_name}:{attr}'!r} cannot be imported: {exc}") from exc
+
+
 def _load(target: str) -> type[TaskHandler[Any]]:
     module_name, _, attr = target.partition(":")
-    try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except Exception as exc:  # any error at import time: the module itself is broken
-        raise ConfigError(f"handler {target!r} cannot be imported: {exc}") from exc
+    obj = _import(module_name, attr, "handler")
     if not (isinstance(obj, type) and issubclass(obj, TaskHandler)):
         raise ConfigError(f"handler {target!r} is not a TaskHandler subclass")
+    sync = [name for name in STAGE_METHODS if not inspect.iscoroutinefunction(getattr(obj, name))]
+    if sync:
+        raise ConfigError(f"handler {target!r}: stage methods must be `async def`: {', '.join(sync)} are not")
+    return obj
+
+
+def _config_module(target: str) -> str | None:
+    """``pkg.config`` for a handler at ``pkg.handler:Class``, if that module exists."""
+    package, _, leaf = target.partition(":")[0].rpartition(".")
+    if leaf != HANDLER_MODULE or not package:
+        return None
+    name = f"{package}.{CONFIG_MODULE}"
+    try:
+        found = importlib.util.find_spec(name)
+    except Exception:  # the package itself cannot be imported: importing the handler says why
+        return None
+    return name if found is not None else None
+
+
+def _light_config(target: str) -> type[BaseModel] | None:
+    module_name = _config_module(target)
+    if module_name is None:
+        return None
+    obj = _import(module_name, "config_class", "config")
+    if not (isinstance(obj, type) and issubclass(obj, BaseModel)):
+        raise ConfigError(f"{module_name}.config_class is not a pydantic model")
     return obj
 
 
@@ -40,12 +93,25 @@ def get_handler(name: str) -> TaskHandler[Any]:
 
     Raises:
         HandlerNotFound: no such task type; the message lists the known ones.
-        ConfigError: the target exists but cannot be imported or is not a handler.
+        ConfigError: the target exists but cannot be imported, is not a handler, has a stage
+            method that is not async, or its light config module names another config class.
     """
-    target = known_handlers().get(name)
-    if target is None:
-        if not _TARGET.match(name):
-            known = ", ".join(sorted(known_handlers())) or "(none installed)"
-            raise HandlerNotFound(f"unknown task type {name!r}; known types: {known}")
-        target = name
-    return _load(target)()
+    target = _target(name)
+    handler = _load(target)
+    light = _light_config(target)
+    if light is not None and light is not handler.config_class:
+        raise ConfigError(f"handler {target!r}: {_config_module(target)}.config_class is not its config_class")
+    return handler()
+
+
+@cache
+def get_config_class(name: str) -> type[BaseModel]:
+    """The config class of a task type, from its light config module where it has one.
+
+    Raises:
+        HandlerNotFound: no such task type; the message lists the known ones.
+        ConfigError: its config module (or, without one, its handler) cannot be imported.
+    """
+    target = _target(name)
+    light = _light_config(target)
+    return light if light is not None else get_handler(name).config_class

@@ -123,6 +123,10 @@ class Sandbox(Protocol):
         """Make the calling process the owner (the reaper removes the sandbox when its owner dies)."""
         ...
 
+    def detach(self) -> None:
+        """Drop this handle's connections; the sandbox keeps running (for the job's next stage)."""
+        ...
+
     def close(self) -> None:
         """Kill every process of the sandbox and remove its files; idempotent."""
         ...

@@ -35,8 +35,10 @@ class FarmRuntime:
         #: sampling parameters of the batches this process has claimed jobs of.
         self.samplings = SamplingCache()
         self.leases = LeaseRenewer(settings, engine=lambda: self.engine, redis_client=lambda: self.redis)
-        # Each running episode blocks at most one pool thread at a time (a tool call, a balancer call).
-        self.aio = LoopThread(max_threads=max(32, 2 * settings.worker.run_concurrency))
+        # Each running episode blocks at most one pool thread at a time (a tool call, a balancer call);
+        # INIT and EVAL stages run their blocking work (a sandbox start, a grader) there too.
+        w = settings.worker
+        self.aio = LoopThread(max_threads=max(32, 2 * w.run_concurrency + w.init_concurrency + w.eval_concurrency))
         self._llm: LLMResources | None = None
         self._sandboxes: SandboxResources | None = None
 

@@ -1,7 +1,8 @@
 """What a stage gets to talk to LLMs: the balancer, pooled clients, the policy's tokenizer.
 
-Handed to handlers as ``ctx.resources["llm"]``. Everything is created on first use, so a
-worker whose handlers never call a model never imports transformers or touches the balancer.
+Handed to handlers as ``ctx.llm`` (the ``LLM`` protocol of ``farm.handlers.base``). Everything is
+created on first use, so a worker whose handlers never call a model never imports transformers
+or touches the balancer.
 """
 
 from __future__ import annotations

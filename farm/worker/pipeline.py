@@ -8,13 +8,13 @@ and then reported with its outcome; any other exception is a handler bug (``hand
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 import traceback
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Celery
 
@@ -32,6 +32,8 @@ from farm.worker.lease import Lease
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: the longest a handler's teardown may take before the stage moves on.
 TEARDOWN_TIMEOUT_S = 120.0
 #: the most of a traceback kept in a job's reason.
@@ -48,14 +50,23 @@ class StageReport:
     detail: str | None = None
 
 
-def _resolve(rt: FarmRuntime, value: Any, *, timeout_s: float | None = None) -> Any:
-    """Handlers may be sync or async; a coroutine runs on the process's event loop."""
-    if inspect.iscoroutine(value):
-        try:
-            return rt.aio.run(value, timeout_s=timeout_s)
-        except TimeoutError as exc:
-            raise FarmError(f"the stage ran past its time limit ({timeout_s:.0f}s) and was stopped") from exc
-    return value
+@dataclass(frozen=True)
+class _Attempt:
+    """The stage a delivery claimed and is running: what its failure paths need."""
+
+    claim: claims.Claim
+    worker: str
+    handler: TaskHandler[Any]
+    config: Any
+    ctx: StageContext
+
+
+def _await(rt: FarmRuntime, coro: Coroutine[Any, Any, T], *, timeout_s: float) -> T:
+    """Run a handler's stage method on the process's event loop."""
+    try:
+        return rt.aio.run(coro, timeout_s=timeout_s)
+    except TimeoutError as exc:
+        raise FarmError(f"the stage ran past its time limit ({timeout_s:.0f}s) and was stopped") from exc
 
 
 def _timeout_s(rt: FarmRuntime, stage: Stage) -> float:
@@ -74,7 +85,8 @@ def _context(rt: FarmRuntime, claim: claims.Claim, deadline: float, lease: Lease
         seed=claim.seed,
         deadline=deadline,
         is_cancelled=lease.is_cancelled if lease else (lambda: True),
-        resources={"llm": rt.llm, "sandbox": rt.sandboxes},
+        llm=rt.llm,
+        sandboxes=rt.sandboxes,
     )
 
 
@@ -82,7 +94,7 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
     """Run one delivery of a stage message to its end; never raises for job-level failures."""
     claim = _claim(rt, stage, job_id, worker)
     if claim.skip is not None:
-        return _skipped(rt, claim)
+        return _skipped(rt, claim, worker)
 
     try:
         handler = get_handler(claim.type)
@@ -92,32 +104,30 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
 
     deadline = time.monotonic() + _timeout_s(rt, stage)
     with rt.leases.hold(job_id=job_id, batch_id=claim.batch_id, stage=stage, worker=worker, deadline=deadline) as lease:
-        ctx = _context(rt, claim, deadline, lease)
+        attempt = _Attempt(claim, worker, handler, config, _context(rt, claim, deadline, lease))
         try:
-            results = _call_stage(rt, handler, config, claim, ctx)
+            results = _call_stage(rt, attempt)
         except Retry as exc:
-            return _retry_or_fail(
-                rt, app, claim, worker, handler, config, ctx, Outcome.INFRA_ERROR, exc.reason, exc.delay_s
-            )
+            return _retry_or_fail(rt, app, attempt, Outcome.INFRA_ERROR, exc.reason, delay_s=exc.delay_s)
         except FarmError as exc:
-            return _retry_or_fail(rt, app, claim, worker, handler, config, ctx, Outcome(exc.outcome), str(exc), None)
+            return _retry_or_fail(rt, app, attempt, Outcome(exc.outcome), str(exc))
         except Exception as exc:
             detail = "".join(traceback.format_exception(exc))[-MAX_REASON_CHARS:]
-            _teardown(rt, handler, config, claim, ctx)
+            _teardown(rt, attempt)
             return _fail(rt, claim, worker, Outcome.HANDLER_ERROR, f"{type(exc).__name__}: {exc}\n{detail}")
 
     done = _complete(rt, claim, worker, results)
     if not done.recorded:
         if done.reason == "cancelled":
             # What this stage made (INIT's sandbox, say) was not recorded: tear it down too.
-            _teardown(rt, handler, config, claim, ctx, produced=_produced_state(results))
+            _teardown(rt, attempt, produced=_produced_state(results))
             _settle_teardown(rt, job_id)
         log.info("job %s %s: result discarded (%s)", job_id, stage.value, done.reason)
         return StageReport(job_id, stage, "discarded", done.reason)
     if done.next_stage is not None:
         send_stage(app, job_id=job_id, stage=done.next_stage, node=done.node, task_id=done.next_task_id)
     if done.finished is not None:
-        _teardown(rt, handler, config, claim, ctx)
+        _teardown(rt, attempt)
         _publish_finished(rt, claim.batch_id)
     return StageReport(job_id, stage, "completed", done.finished.value if done.finished else None)
 
@@ -160,23 +170,22 @@ def _complete(rt: FarmRuntime, claim: claims.Claim, worker: str, results: dict[s
         return completions.complete_stage(session, claim, worker=worker, now=now, owed_until=owed_until, **results)
 
 
-def _call_stage(
-    rt: FarmRuntime, handler: TaskHandler[Any], config: Any, claim: claims.Claim, ctx: StageContext
-) -> dict[str, Any]:
+def _call_stage(rt: FarmRuntime, attempt: _Attempt) -> dict[str, Any]:
+    handler, config, claim, ctx = attempt.handler, attempt.config, attempt.claim, attempt.ctx
     state = claim.state or {}
     # A backstop past the handler's own deadline handling: a coroutine still running a lease
     # after its deadline is cancelled and the stage counts as an infrastructure failure.
     limit_s = max(ctx.remaining_s(), 0.0) + rt.settings.worker.lease_s
     if ctx.stage is Stage.INIT:
-        return {"init_state": dict(_resolve(rt, handler.init(config, ctx), timeout_s=limit_s) or {})}
+        return {"init_state": dict(_await(rt, handler.init(config, ctx), timeout_s=limit_s) or {})}
     if ctx.stage is Stage.RUN:
-        run_result = _resolve(rt, handler.run(config, state, ctx), timeout_s=limit_s)
+        run_result = _await(rt, handler.run(config, state, ctx), timeout_s=limit_s)
         if not isinstance(run_result, RunResult):
             raise TypeError(f"{type(handler).__name__}.run returned {type(run_result).__name__}, not RunResult")
         return {"run_result": run_result}
     if claim.trajectory is None:
         raise FarmError("EVAL found no trajectory from RUN", job_id=claim.job_id)
-    eval_result = _resolve(rt, handler.evaluate(config, state, claim.trajectory, ctx), timeout_s=limit_s)
+    eval_result = _await(rt, handler.evaluate(config, state, claim.trajectory, ctx), timeout_s=limit_s)
     if not isinstance(eval_result, EvalResult):
         raise TypeError(f"{type(handler).__name__}.evaluate returned {type(eval_result).__name__}, not EvalResult")
     # What RUN noted about the episode stays next to what EVAL adds.
@@ -184,7 +193,7 @@ def _call_stage(
     return {"eval_result": eval_result.model_copy(update={"info": info})}
 
 
-def _skipped(rt: FarmRuntime, claim: claims.Claim) -> StageReport:
+def _skipped(rt: FarmRuntime, claim: claims.Claim, worker: str) -> StageReport:
     if claim.gave_up:
         _publish_finished(rt, claim.batch_id)
     # A job cancelled (or given up) while its next stage waited in the queue still holds what
@@ -196,24 +205,17 @@ def _skipped(rt: FarmRuntime, claim: claims.Claim) -> StageReport:
         except FarmError:
             pass
         else:
-            _teardown(rt, handler, config, claim, _context(rt, claim, time.monotonic() + 60, None))
+            ctx = _context(rt, claim, time.monotonic() + 60, None)
+            _teardown(rt, _Attempt(claim, worker, handler, config, ctx))
             _settle_teardown(rt, claim.job_id)
     log.info("job %s %s: skipped (%s)", claim.job_id, claim.stage.value, claim.skip)
     return StageReport(claim.job_id, claim.stage, "skipped", claim.skip)
 
 
 def _retry_or_fail(
-    rt: FarmRuntime,
-    app: Celery,
-    claim: claims.Claim,
-    worker: str,
-    handler: TaskHandler[Any],
-    config: Any,
-    ctx: StageContext,
-    outcome: Outcome,
-    error: str,
-    delay_s: float | None,
+    rt: FarmRuntime, app: Celery, attempt: _Attempt, outcome: Outcome, error: str, *, delay_s: float | None = None
 ) -> StageReport:
+    claim, worker = attempt.claim, attempt.worker
     stage = claim.stage
     if claim.attempt < rt.settings.worker.max_attempts:
         delay = rt.settings.worker.retry_delay_s if delay_s is None else delay_s
@@ -239,7 +241,7 @@ def _retry_or_fail(
                 error,
             )
             return StageReport(claim.job_id, stage, "retry", error)
-    _teardown(rt, handler, config, claim, ctx)
+    _teardown(rt, attempt)
     return _fail(rt, claim, worker, outcome, error)
 
 
@@ -262,18 +264,11 @@ def _produced_state(results: dict[str, Any]) -> dict[str, Any]:
     return dict(run_result.state) if isinstance(run_result, RunResult) else {}
 
 
-def _teardown(
-    rt: FarmRuntime,
-    handler: TaskHandler[Any],
-    config: Any,
-    claim: claims.Claim,
-    ctx: StageContext,
-    *,
-    produced: dict[str, Any] | None = None,
-) -> None:
+def _teardown(rt: FarmRuntime, attempt: _Attempt, *, produced: dict[str, Any] | None = None) -> None:
+    claim = attempt.claim
     state = {**(claim.state or {}), **(produced or {})}
     try:
-        _resolve(rt, handler.teardown(config, state, ctx), timeout_s=TEARDOWN_TIMEOUT_S)
+        _await(rt, attempt.handler.teardown(attempt.config, state, attempt.ctx), timeout_s=TEARDOWN_TIMEOUT_S)
     except Exception:  # a failed cleanup must not change how the job is reported
         log.exception("job %s: teardown failed", claim.job_id)
 

@@ -1,8 +1,9 @@
 """What a stage gets to make sandboxes with: the node's driver and limits, bound once.
 
-Handed to handlers as ``ctx.resources["sandbox"]``, so a handler asks for a sandbox by spec
-and never sees settings. Sandboxes live on this node; a RUN or EVAL worker of the same node
-attaches to the one INIT made (the job's stages are routed here for that reason).
+Handed to handlers as ``ctx.sandboxes`` (the ``Sandboxes`` protocol of ``farm.handlers.base``),
+so a handler asks for a sandbox by spec and never sees settings. Sandboxes live on this node; a
+RUN or EVAL worker of the same node attaches to the one INIT made (the job's stages are routed
+here for that reason).
 """
 
 from __future__ import annotations

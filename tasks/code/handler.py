@@ -20,8 +20,7 @@ from farm.agent.loop import Episode
 from farm.agent.toolbox import system_prompt
 from farm.errors import SandboxError
 from farm.handlers.base import StageContext
-from farm.sandbox import SandboxSpec
-from farm.sandbox.server_sandbox import ServerSandbox
+from farm.sandbox.base import Sandbox, SandboxSpec
 from farm.schemas import EvalResult, TrajectoryData
 from tasks.code.dataset import CodeConfig
 from tasks.code.grader import DEFAULT_PER_TEST_TIMEOUT_S, HARNESS_FILE, extract_code, prepare, score_report
@@ -52,7 +51,7 @@ class CodeHandler(AgentHandler[CodeConfig]):
         return [{"role": "system", "content": system}, {"role": "user", "content": config.resolve().instruction()}]
 
     def collect(
-        self, config: CodeConfig, state: dict[str, Any], sandbox: ServerSandbox | None, episode: Episode
+        self, config: CodeConfig, state: dict[str, Any], sandbox: Sandbox | None, episode: Episode
     ) -> dict[str, Any]:
         entry = config.resolve().entry_point
         answer = extract_code(self.answer_text({"final_text": episode.final_text, "submitted": episode.submitted}))
@@ -71,7 +70,7 @@ class CodeHandler(AgentHandler[CodeConfig]):
 
     def _grade(self, config: CodeConfig, solution: str, ctx: StageContext) -> EvalResult:
         problem = config.resolve()
-        with ctx.resources["sandbox"].scratch_dir(prefix=f"job{ctx.job_id}-eval-") as dest:
+        with ctx.sandboxes.scratch_dir(prefix=f"job{ctx.job_id}-eval-") as dest:
             nonce = prepare(
                 problem=problem, solution=solution, workdir=dest, per_test_timeout_s=DEFAULT_PER_TEST_TIMEOUT_S
             )

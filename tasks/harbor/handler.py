@@ -27,8 +27,7 @@ from farm.agent.loop import Budgets
 from farm.agent.toolbox import system_prompt
 from farm.errors import SandboxError
 from farm.handlers.base import StageContext
-from farm.sandbox import Limits, SandboxSpec
-from farm.sandbox.server_sandbox import ServerSandbox
+from farm.sandbox.base import Limits, Sandbox, SandboxSpec
 from farm.schemas import EvalResult, TrajectoryData
 from tasks.harbor.dataset import HarborConfig
 from tasks.harbor.task import HarborTask
@@ -83,7 +82,7 @@ class HarborHandler(AgentHandler[HarborConfig]):
         with self.attached(state, ctx) as sandbox:
             return self._verify_in(task, sandbox)
 
-    def _verify_in(self, task: HarborTask, sandbox: ServerSandbox) -> EvalResult:
+    def _verify_in(self, task: HarborTask, sandbox: Sandbox) -> EvalResult:
         # A fresh, unguessable place: the agent could not have prepared anything there.
         root = f"/tmp/farm-verifier-{secrets.token_hex(8)}"
         tests_dir, verifier_dir = f"{root}/tests", f"{root}/logs/verifier"

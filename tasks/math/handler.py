@@ -14,7 +14,7 @@ from typing import Any
 from farm.agent.handler import AgentHandler
 from farm.agent.toolbox import system_prompt
 from farm.handlers.base import StageContext
-from farm.sandbox import SandboxSpec
+from farm.sandbox.base import SandboxSpec
 from farm.schemas import EvalResult, TrajectoryData
 from tasks.math.dataset import MathConfig
 from tasks.math.grader import grade

@@ -20,7 +20,7 @@ from farm.agent.loop import Episode
 from farm.agent.toolbox import system_prompt
 from farm.errors import SandboxError
 from farm.handlers.base import StageContext
-from farm.sandbox.server_sandbox import ServerSandbox
+from farm.sandbox.base import Sandbox
 from farm.schemas import EvalResult, TrajectoryData
 from tasks.swe.dataset import SweConfig
 from tasks.swe.evaluate import TEST_ENV, SweResult, materialise, prepare_repo, score, test_argv
@@ -60,7 +60,7 @@ class SweHandler(AgentHandler[SweConfig]):
         ]
 
     def collect(
-        self, config: SweConfig, state: dict[str, Any], sandbox: ServerSandbox | None, episode: Episode
+        self, config: SweConfig, state: dict[str, Any], sandbox: Sandbox | None, episode: Episode
     ) -> dict[str, Any]:
         assert sandbox is not None
         result = sandbox.run(["bash", "-c", diff_command(state["base_commit"])], timeout_s=120)
@@ -80,7 +80,7 @@ class SweHandler(AgentHandler[SweConfig]):
         if patch is None:
             why = f"no diff could be taken from the agent's checkout: {state.get('patch_error', '')}"
             return EvalResult(reward=0.0, metrics={"resolved": 0.0}, info={"swe": {"reason": why}})
-        with ctx.resources["sandbox"].scratch_dir(prefix=f"job{ctx.job_id}-eval-") as scratch:
+        with ctx.sandboxes.scratch_dir(prefix=f"job{ctx.job_id}-eval-") as scratch:
             prepared = prepare_repo(instance, patch, scratch_dir=scratch)
             if isinstance(prepared, SweResult):
                 return self._result(prepared, patch)

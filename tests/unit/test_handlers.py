@@ -1,14 +1,19 @@
 from __future__ import annotations
 
+import asyncio
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 from farm.constants import Outcome, Stage
-from farm.errors import ConfigError, HandlerNotFound, InvalidSpec, SandboxError
+from farm.errors import ConfigError, FarmError, HandlerNotFound, InvalidSpec, SandboxError
 from farm.handlers.base import StageContext
-from farm.handlers.echo import EchoHandler
-from farm.handlers.registry import get_handler, known_handlers
+from farm.handlers.echo import EchoConfig, EchoHandler
+from farm.handlers.registry import get_config_class, get_handler, known_handlers
+from farm.sandbox.base import SandboxSpec
 from farm.schemas import SamplingParams
 
 
@@ -45,6 +50,79 @@ def test_dotted_path_that_is_not_a_handler_is_a_config_error():
         get_handler("farm.schemas:TaskSpec")
 
 
+def _package(root: Path, name: str, *, handler: str, config: str | None) -> None:
+    """A handler package ``name`` under ``root``, with ``config.py`` when ``config`` is given."""
+    package = root / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "handler.py").write_text(textwrap.dedent(handler))
+    if config is not None:
+        (package / "config.py").write_text(textwrap.dedent(config))
+
+
+CONFIG = """
+    from pydantic import BaseModel
+
+    class LightConfig(BaseModel):
+        n: int
+
+    config_class = LightConfig
+"""
+
+
+def test_config_class_comes_from_the_light_module_without_importing_the_handler(tmp_path, monkeypatch):
+    _package(tmp_path, "lightpkg", handler="raise ImportError('the handler must not be imported')", config=CONFIG)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config_class = get_config_class("lightpkg.handler:LightHandler")
+    assert config_class.__name__ == "LightConfig"
+    assert "lightpkg.handler" not in sys.modules
+
+
+def test_config_class_without_a_light_module_comes_from_the_handler():
+    assert get_config_class("echo") is EchoConfig
+
+
+@pytest.mark.parametrize("name", ["math", "code", "swe", "harbor"])
+def test_shipped_config_modules_name_their_handlers_config_class(name):
+    assert get_config_class(name) is get_handler(name).config_class
+
+
+def test_a_light_config_that_is_not_the_handlers_is_a_config_error(tmp_path, monkeypatch):
+    handler = """
+        from pydantic import BaseModel
+        from farm.handlers.base import TaskHandler
+
+        class Other(BaseModel):
+            n: int
+
+        class DriftHandler(TaskHandler[Other]):
+            config_class = Other
+    """
+    _package(tmp_path, "driftpkg", handler=handler, config=CONFIG)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="is not its config_class"):
+        get_handler("driftpkg.handler:DriftHandler")
+
+
+def test_a_handler_with_a_sync_stage_method_is_a_config_error(tmp_path, monkeypatch):
+    handler = """
+        from farm.handlers.echo import EchoHandler
+
+        class SyncHandler(EchoHandler):
+            def evaluate(self, config, state, trajectory, ctx):
+                return None
+    """
+    _package(tmp_path, "syncpkg", handler=handler, config=None)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="must be `async def`: evaluate"):
+        get_handler("syncpkg.handler:SyncHandler")
+
+
+def test_a_context_without_a_resource_says_which():
+    with pytest.raises(FarmError, match="no sandboxes resource"):
+        ctx(Stage.INIT).sandboxes.create(SandboxSpec())
+
+
 def test_validate_names_the_bad_field():
     with pytest.raises(InvalidSpec) as info:
         EchoHandler().validate({"text": "x", "sleep_s": {"run": -1}})
@@ -54,23 +132,23 @@ def test_validate_names_the_bad_field():
 def test_echo_runs_all_stages_and_rewards_an_exact_copy():
     h = EchoHandler()
     config = h.validate({"text": "abc", "reverse": True})
-    state = h.init(config, ctx(Stage.INIT))
-    result = h.run(config, state, ctx(Stage.RUN))
+    state = asyncio.run(h.init(config, ctx(Stage.INIT)))
+    result = asyncio.run(h.run(config, state, ctx(Stage.RUN)))
     t = result.trajectory
     assert t.loss_mask == [0] * len(state["prompt_ids"]) + [1] * 4  # "cba" + eos
     assert t.turn_offsets == [0, len(state["prompt_ids"])]
-    reward = h.evaluate(config, {**state, **result.state}, t, ctx(Stage.EVAL))
+    reward = asyncio.run(h.evaluate(config, {**state, **result.state}, t, ctx(Stage.EVAL)))
     assert reward.reward == 1.0 and reward.metrics["exact"] == 1.0
 
 
 def test_echo_noise_lowers_reward_deterministically_per_seed():
     h = EchoHandler()
     config = h.validate({"text": "a fairly long sentence to corrupt", "noise": 0.5})
-    state = h.init(config, ctx(Stage.INIT))
+    state = asyncio.run(h.init(config, ctx(Stage.INIT)))
 
     def score(seed: int) -> float:
-        r = h.run(config, state, ctx(Stage.RUN, seed=seed))
-        return h.evaluate(config, {**state, **r.state}, r.trajectory, ctx(Stage.EVAL)).reward
+        r = asyncio.run(h.run(config, state, ctx(Stage.RUN, seed=seed)))
+        return asyncio.run(h.evaluate(config, {**state, **r.state}, r.trajectory, ctx(Stage.EVAL))).reward
 
     assert score(3) == score(3) < 1.0
     assert len({score(s) for s in range(6)}) > 1
@@ -80,16 +158,16 @@ def test_echo_simulated_fault_only_on_early_attempts():
     h = EchoHandler()
     config = h.validate({"text": "x", "fail_stage": "init", "fail_attempts": 1})
     with pytest.raises(SandboxError, match="simulated init failure"):
-        h.init(config, ctx(Stage.INIT, attempt=1))
-    assert h.init(config, ctx(Stage.INIT, attempt=2))["prompt_ids"]
+        asyncio.run(h.init(config, ctx(Stage.INIT, attempt=1)))
+    assert asyncio.run(h.init(config, ctx(Stage.INIT, attempt=2)))["prompt_ids"]
 
 
 def test_echo_run_stops_early_when_cancelled():
     h = EchoHandler()
     config = h.validate({"text": "x", "sleep_s": {"run": 30}})
-    state = h.init(config, ctx(Stage.INIT))
+    state = asyncio.run(h.init(config, ctx(Stage.INIT)))
     started = time.monotonic()
-    result = h.run(config, state, ctx(Stage.RUN, cancelled=True))
+    result = asyncio.run(h.run(config, state, ctx(Stage.RUN, cancelled=True)))
     assert result.outcome is Outcome.CANCELLED and time.monotonic() - started < 5
 
 
@@ -103,7 +181,7 @@ def test_generate_pays_an_exact_reply_and_not_one_that_merely_contains_the_refer
     contains = exact.model_copy(update={"match": "contains"})
 
     def reward(config, reply: str) -> float:
-        return handler.evaluate(config, {"reply": reply}, empty, None).reward  # type: ignore[arg-type]
+        return asyncio.run(handler.evaluate(config, {"reply": reply}, empty, None)).reward  # type: ignore[arg-type]
 
     assert reward(exact, " 4\n") == 1.0
     assert reward(exact, "1 2 3 4 5 6 7 8 9") == 0.0  # listing candidates earns nothing
@@ -132,9 +210,8 @@ def test_echo_counts_characters_past_the_target_against_the_response():
             seed=0,
             deadline=time.monotonic() + 60,
             is_cancelled=lambda: False,
-            resources={},
         )
-        return EchoHandler().evaluate(EchoConfig(text="dcba"), state, trajectory, ctx).reward
+        return asyncio.run(EchoHandler().evaluate(EchoConfig(text="dcba"), state, trajectory, ctx)).reward
 
     assert reward("abcd") == 1.0
     assert reward("abcd" + "x" * 12) == 0.25  # the target followed by junk is not a full answer

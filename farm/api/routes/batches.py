@@ -20,7 +20,8 @@ from farm.db.jobs import lifecycle
 from farm.db.models import Batch
 from farm.db.session import transaction
 from farm.errors import ConfigError, HandlerNotFound, InvalidSpec
-from farm.handlers.registry import get_handler
+from farm.handlers.base import validate_config
+from farm.handlers.registry import get_config_class
 from farm.schemas import ArrayEncoding, BatchCreate, BatchCreated, BatchStatus, ResultsPage
 from farm.worker.enqueue import revoke, send_init_many
 
@@ -47,10 +48,11 @@ BATCH_LINKS: dict[str, Any] = {
 
 
 def _validate_tasks(request: BatchCreate) -> None:
-    """Every task's config is checked by its handler now, so a bad spec is a 422, not a failed job."""
+    """Every task's config is checked by its handler's config class now, so a bad spec is a 422, not a
+    failed job. Only the config class is loaded (see ``farm.handlers.registry``): never the handler."""
     for i, task in enumerate(request.tasks):
         try:
-            get_handler(task.type).validate(task.config)
+            validate_config(get_config_class(task.type), task.config)
         except HandlerNotFound as exc:
             raise HandlerNotFound(f"tasks.{i}.type: {exc.message}", field=f"tasks.{i}.type") from exc
         except ConfigError as exc:

@@ -15,7 +15,7 @@ from farm.api.deps import DB, AppState, State, require_token
 from farm.api.errors import error_responses
 from farm.constants import Stage, queue_name, sandbox_checks_key
 from farm.db import queries
-from farm.handlers.registry import get_handler, known_handlers
+from farm.handlers.registry import get_config_class, known_handlers
 from farm.schemas import HandlerInfo, Health
 
 router = APIRouter(tags=["health"])
@@ -114,7 +114,7 @@ def handlers() -> list[HandlerInfo]:
     out = []
     for name, target in sorted(known_handlers().items()):
         try:
-            schema = get_handler(name).config_class.model_json_schema()
+            schema = get_config_class(name).model_json_schema()
         except Exception:
             schema = None
         out.append(HandlerInfo(name=name, target=target, config_schema=schema))

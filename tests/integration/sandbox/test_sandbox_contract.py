@@ -157,6 +157,16 @@ def test_attach_from_another_handle_then_close_removes_everything(sandbox: Serve
         attach_sandbox(sandbox_settings, sandbox.id)
 
 
+def test_detach_leaves_the_sandbox_running_for_the_next_handle(sandbox: ServerSandbox, sandbox_settings) -> None:
+    sandbox.tools().bash("export FROM_INIT=1")
+    sandbox.detach()
+    other = attach_sandbox(sandbox_settings, sandbox.id)
+    try:
+        assert other.tools().bash("echo $FROM_INIT").output == "1\n"
+    finally:
+        other.detach()
+
+
 def test_close_kills_background_processes(sandbox: ServerSandbox) -> None:
     tools = sandbox.tools()
     tools.bash("sleep 300 & setsid sleep 301 &")

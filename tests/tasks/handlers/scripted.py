@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.constants import Stage
-from farm.handlers.base import StageContext, TaskHandler
+from farm.handlers.base import Sandboxes, StageContext, TaskHandler
 from farm.llm.types import FinishReason, GenerateResult, SamplingParams
 from farm.schemas import EvalResult, RunResult
 
@@ -75,7 +75,9 @@ class Outcome:
     llm: ScriptedLLM
 
 
-def context(stage: Stage, resources: dict[str, Any], *, attempt: int = 1, job_id: int = 1) -> StageContext:
+def context(
+    stage: Stage, llm: ScriptedResources, sandboxes: Sandboxes, *, attempt: int = 1, job_id: int = 1
+) -> StageContext:
     return StageContext(
         job_id=job_id,
         batch_id=1,
@@ -85,12 +87,9 @@ def context(stage: Stage, resources: dict[str, Any], *, attempt: int = 1, job_id
         sampling=SamplingParams(max_tokens=2000, temperature=1.0),
         seed=0,
         deadline=time.monotonic() + 120,
-        resources=resources,
+        llm=llm,
+        sandboxes=sandboxes,
     )
-
-
-def _resolve(value: Any) -> Any:
-    return asyncio.run(value) if asyncio.iscoroutine(value) else value
 
 
 def run_job(
@@ -100,16 +99,15 @@ def run_job(
     from farm.constants import POLICY_OUTCOMES
 
     llm = ScriptedResources(tokenizer=tokenizer, turns=turns)
-    resources = {"llm": llm, "sandbox": sandboxes}
     cfg = handler.validate(config)
-    state = _resolve(handler.init(cfg, context(Stage.INIT, resources)))
+    state = asyncio.run(handler.init(cfg, context(Stage.INIT, llm, sandboxes)))
     evaluated = None
     try:
-        run = _resolve(handler.run(cfg, state, context(Stage.RUN, resources)))
+        run = asyncio.run(handler.run(cfg, state, context(Stage.RUN, llm, sandboxes)))
         state = {**state, **run.state}
         if run.outcome in POLICY_OUTCOMES:
-            evaluated = _resolve(handler.evaluate(cfg, state, run.trajectory, context(Stage.EVAL, resources)))
+            evaluated = asyncio.run(handler.evaluate(cfg, state, run.trajectory, context(Stage.EVAL, llm, sandboxes)))
     finally:
-        _resolve(handler.teardown(cfg, state, context(Stage.EVAL, resources)))
+        asyncio.run(handler.teardown(cfg, state, context(Stage.EVAL, llm, sandboxes)))
     assert llm.llm is not None
     return Outcome(init_state=state, run=run, eval=evaluated, llm=llm.llm)

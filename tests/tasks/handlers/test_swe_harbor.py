@@ -153,20 +153,19 @@ def test_agent_killing_its_sandbox_is_a_sandbox_error_and_the_retry_starts_over(
     handler = get_handler("harbor")
     config = handler.validate({"example": "hello-file"})
     llm = ScriptedResources(tiny_tokenizer, [_bash("kill -9 -1"), format_call("submit", {})])
-    resources = {"llm": llm, "sandbox": sandboxes}
     import asyncio
 
-    state = handler.init(config, context(Stage.INIT, resources))
+    state = asyncio.run(handler.init(config, context(Stage.INIT, llm, sandboxes)))
     first = state["sandbox"]
     with pytest.raises(SandboxError):
-        asyncio.run(handler.run(config, state, context(Stage.RUN, resources, attempt=1)))
+        asyncio.run(handler.run(config, state, context(Stage.RUN, llm, sandboxes, attempt=1)))
     llm.turns = [_bash("printf 'Hello, farm!\\n' > hello.txt"), format_call("submit", {})]
-    run = asyncio.run(handler.run(config, state, context(Stage.RUN, resources, attempt=2)))
+    run = asyncio.run(handler.run(config, state, context(Stage.RUN, llm, sandboxes, attempt=2)))
     assert run.outcome is Outcome.OK and run.state["sandbox"] != first
     state = {**state, **run.state}
-    result = asyncio.run(handler.evaluate(config, state, run.trajectory, context(Stage.EVAL, resources)))
+    result = asyncio.run(handler.evaluate(config, state, run.trajectory, context(Stage.EVAL, llm, sandboxes)))
     assert result.reward == 1.0
-    handler.teardown(config, state, context(Stage.EVAL, resources))
+    asyncio.run(handler.teardown(config, state, context(Stage.EVAL, llm, sandboxes)))
     assert Registry(root=sandboxes._settings.sandbox.root_dir).records() == []
 
 
