@@ -26,11 +26,10 @@
                                         code maps to a subclass that is also the class above
                                         (``except NotFound`` catches a 404 from the API)
 
-    Retry(reason, delay_s)              control flow: a handler asks for its stage again later
-
 The policy failing (wrong answer, failing tests, a bad tool call) is a *result*, never
 an exception. Raise only when infrastructure fails; ``outcome`` says how a job that
-dies of the exception is reported.
+dies of the exception is reported. A handler raising a ``FarmError`` gets its stage again
+after ``worker.retry_delay_s``, up to ``worker.max_attempts`` attempts.
 """
 
 from __future__ import annotations
@@ -199,12 +198,3 @@ def api_error(status: int, code: str, detail: str, field: str | None = None) -> 
     """The exception for an error answer: an ``ApiError`` that is also the class of ``code``
     (a plain ``ApiError`` for a code this client does not know)."""
     return _API_CLASSES.get(code, ApiError)(status, code, detail, field)
-
-
-class Retry(Exception):  # noqa: N818 - control flow, named like dramatiq/arq
-    """Re-run the current stage after ``delay_s`` seconds (counts as an attempt)."""
-
-    def __init__(self, reason: str, *, delay_s: float | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.delay_s = delay_s

@@ -2,7 +2,7 @@
 result, then (after the commit) send the next stage to the job's node.
 
 Failures are sorted here: the handler's own results (wrong answers, agent errors) are data;
-a ``FarmError`` or ``Retry`` is an infrastructure problem, retried up to ``max_attempts``
+a ``FarmError`` is an infrastructure problem, retried up to ``max_attempts``
 and then reported with its outcome; any other exception is a handler bug (``handler_error``).
 """
 
@@ -22,7 +22,7 @@ from farm.constants import Outcome, Stage, batch_events_channel
 from farm.db import teardowns
 from farm.db.base import utcnow
 from farm.db.jobs import claims, completions, lifecycle
-from farm.errors import FarmError, Retry
+from farm.errors import FarmError
 from farm.handlers.base import StageContext, TaskHandler
 from farm.handlers.registry import get_handler
 from farm.schemas import EvalResult, RunResult, SamplingParams
@@ -106,9 +106,7 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
     with rt.leases.hold(job_id=job_id, batch_id=claim.batch_id, stage=stage, worker=worker, deadline=deadline) as lease:
         attempt = _Attempt(claim, worker, handler, config, _context(rt, claim, deadline, lease))
         try:
-            results = _call_stage(rt, attempt)
-        except Retry as exc:
-            return _retry_or_fail(rt, app, attempt, Outcome.INFRA_ERROR, exc.reason, delay_s=exc.delay_s)
+            output = _call_stage(rt, attempt)
         except FarmError as exc:
             return _retry_or_fail(rt, app, attempt, Outcome(exc.outcome), str(exc))
         except Exception as exc:
@@ -116,11 +114,11 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
             _teardown(rt, attempt)
             return _fail(rt, claim, worker, Outcome.HANDLER_ERROR, f"{type(exc).__name__}: {exc}\n{detail}")
 
-    done = _complete(rt, claim, worker, results)
+    done = _complete(rt, claim, worker, output)
     if not done.recorded:
         if done.reason == "cancelled":
             # What this stage made (INIT's sandbox, say) was not recorded: tear it down too.
-            _teardown(rt, attempt, produced=_produced_state(results))
+            _teardown(rt, attempt, produced=output.produced_state())
             _settle_teardown(rt, job_id)
         log.info("job %s %s: result discarded (%s)", job_id, stage.value, done.reason)
         return StageReport(job_id, stage, "discarded", done.reason)
@@ -154,35 +152,37 @@ def _claim(rt: FarmRuntime, stage: Stage, job_id: int, worker: str) -> claims.Cl
         return claims.claim_stage(session, max_attempts=settings.max_attempts, **common)
 
 
-def _complete(rt: FarmRuntime, claim: claims.Claim, worker: str, results: dict[str, Any]) -> completions.Completion:
+def _complete(
+    rt: FarmRuntime, claim: claims.Claim, worker: str, output: completions.StageOutput
+) -> completions.Completion:
     """Record the stage's result in one autocommitted statement where the database allows it,
     waiting for the disk only if it finishes the job; anything else (an attempt this worker no
     longer holds as claimed, SQLite) in a transaction."""
     now = utcnow()
     owed_until = now + timedelta(seconds=rt.settings.worker.lease_s)
-    durable = completions.finishes(claim.stage, results.get("run_result"))
+    durable = completions.finishes(claim.stage, output.run_result)
     if (autocommit := rt.autocommit(durable=durable)) is not None:
         with autocommit.connect() as conn:
-            done = completions.complete_next(conn, claim, worker=worker, now=now, owed_until=owed_until, **results)
+            done = completions.complete_next(conn, claim, output, worker=worker, now=now, owed_until=owed_until)
         if done is not None:
             return done
     with rt.engine.begin() as session:
-        return completions.complete_stage(session, claim, worker=worker, now=now, owed_until=owed_until, **results)
+        return completions.complete_stage(session, claim, output, worker=worker, now=now, owed_until=owed_until)
 
 
-def _call_stage(rt: FarmRuntime, attempt: _Attempt) -> dict[str, Any]:
+def _call_stage(rt: FarmRuntime, attempt: _Attempt) -> completions.StageOutput:
     handler, config, claim, ctx = attempt.handler, attempt.config, attempt.claim, attempt.ctx
     state = claim.state or {}
     # A backstop past the handler's own deadline handling: a coroutine still running a lease
     # after its deadline is cancelled and the stage counts as an infrastructure failure.
     limit_s = max(ctx.remaining_s(), 0.0) + rt.settings.worker.lease_s
     if ctx.stage is Stage.INIT:
-        return {"init_state": dict(_await(rt, handler.init(config, ctx), timeout_s=limit_s) or {})}
+        return completions.StageOutput(init_state=dict(_await(rt, handler.init(config, ctx), timeout_s=limit_s) or {}))
     if ctx.stage is Stage.RUN:
         run_result = _await(rt, handler.run(config, state, ctx), timeout_s=limit_s)
         if not isinstance(run_result, RunResult):
             raise TypeError(f"{type(handler).__name__}.run returned {type(run_result).__name__}, not RunResult")
-        return {"run_result": run_result}
+        return completions.StageOutput(run_result=run_result)
     if claim.trajectory is None:
         raise FarmError("EVAL found no trajectory from RUN", job_id=claim.job_id)
     eval_result = _await(rt, handler.evaluate(config, state, claim.trajectory, ctx), timeout_s=limit_s)
@@ -190,7 +190,7 @@ def _call_stage(rt: FarmRuntime, attempt: _Attempt) -> dict[str, Any]:
         raise TypeError(f"{type(handler).__name__}.evaluate returned {type(eval_result).__name__}, not EvalResult")
     # What RUN noted about the episode stays next to what EVAL adds.
     info = {**claim.trajectory.info, **eval_result.info}
-    return {"eval_result": eval_result.model_copy(update={"info": info})}
+    return completions.StageOutput(eval_result=eval_result.model_copy(update={"info": info}))
 
 
 def _skipped(rt: FarmRuntime, claim: claims.Claim, worker: str) -> StageReport:
@@ -212,13 +212,11 @@ def _skipped(rt: FarmRuntime, claim: claims.Claim, worker: str) -> StageReport:
     return StageReport(claim.job_id, claim.stage, "skipped", claim.skip)
 
 
-def _retry_or_fail(
-    rt: FarmRuntime, app: Celery, attempt: _Attempt, outcome: Outcome, error: str, *, delay_s: float | None = None
-) -> StageReport:
+def _retry_or_fail(rt: FarmRuntime, app: Celery, attempt: _Attempt, outcome: Outcome, error: str) -> StageReport:
     claim, worker = attempt.claim, attempt.worker
     stage = claim.stage
     if claim.attempt < rt.settings.worker.max_attempts:
-        delay = rt.settings.worker.retry_delay_s if delay_s is None else delay_s
+        delay = rt.settings.worker.retry_delay_s
         now = utcnow()
         with rt.engine.begin() as session:
             task_id = lifecycle.retry_stage(
@@ -255,13 +253,6 @@ def _fail(rt: FarmRuntime, claim: claims.Claim, worker: str, outcome: Outcome, e
         "job %s %s failed (%s): %s", claim.job_id, claim.stage.value, outcome.value, (error.splitlines() or [""])[0]
     )
     return StageReport(claim.job_id, claim.stage, "failed", error)
-
-
-def _produced_state(results: dict[str, Any]) -> dict[str, Any]:
-    if "init_state" in results:
-        return dict(results["init_state"])
-    run_result = results.get("run_result")
-    return dict(run_result.state) if isinstance(run_result, RunResult) else {}
 
 
 def _teardown(rt: FarmRuntime, attempt: _Attempt, *, produced: dict[str, Any] | None = None) -> None:

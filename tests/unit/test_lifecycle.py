@@ -48,19 +48,24 @@ def claim(sessions, job_id: int, stage: Stage, worker: str = "w1", now=None, max
 
 def complete(sessions, c: claims.Claim, worker: str = "w1"):
     """Record a canned result for the attempt ``c`` claimed, as ``worker``."""
-    kwargs = {}
     if c.stage is Stage.INIT:
-        kwargs["init_state"] = {"x": 1}
+        output = completions.StageOutput(init_state={"x": 1})
     elif c.stage is Stage.RUN:
-        kwargs["run_result"] = RunResult(
+        run = RunResult(
             trajectory=TrajectoryData(token_ids=[5, 6, 7], logprobs=[0.0, -0.5, -0.25], loss_mask=[0, 1, 1]),
             state={"y": 2},
         )
+        output = completions.StageOutput(run_result=run)
     else:
-        kwargs["eval_result"] = EvalResult(reward=0.75, metrics={"m": 1.0})
+        output = completions.StageOutput(eval_result=EvalResult(reward=0.75, metrics={"m": 1.0}))
     with transaction(sessions) as s:
         return completions.complete_stage(
-            s.connection(), c, worker=worker, now=utcnow(), owed_until=utcnow() + timedelta(seconds=LEASE_S), **kwargs
+            s.connection(),
+            c,
+            output,
+            worker=worker,
+            now=utcnow(),
+            owed_until=utcnow() + timedelta(seconds=LEASE_S),
         )
 
 
@@ -410,12 +415,19 @@ def test_usual_claim_and_completion_work_as_single_autocommitted_statements(db_u
             )
             assert c is not None and c.attempt == 1
             done = completions.complete_next(
-                conn, c, worker="w1", now=utcnow(), owed_until=utcnow(), init_state={"x": 1}
+                conn, c, completions.StageOutput(init_state={"x": 1}), worker="w1", now=utcnow(), owed_until=utcnow()
             )
             assert done is not None and done.next_stage is Stage.RUN
             # A second completion of the same attempt is not the usual case: it falls back.
             assert (
-                completions.complete_next(conn, c, worker="w1", now=utcnow(), owed_until=utcnow(), init_state={"x": 1})
+                completions.complete_next(
+                    conn,
+                    c,
+                    completions.StageOutput(init_state={"x": 1}),
+                    worker="w1",
+                    now=utcnow(),
+                    owed_until=utcnow(),
+                )
                 is None
             )
     finally:
@@ -457,10 +469,20 @@ def test_finishing_completions_in_one_statement_each_take_one_finish_position(db
         with durable.connect() as conn:
             if c.stage is Stage.RUN:
                 return completions.complete_next(
-                    conn, c, worker="w1", now=utcnow(), owed_until=utcnow(), run_result=failed_run
+                    conn,
+                    c,
+                    completions.StageOutput(run_result=failed_run),
+                    worker="w1",
+                    now=utcnow(),
+                    owed_until=utcnow(),
                 )
             return completions.complete_next(
-                conn, c, worker="w1", now=utcnow(), owed_until=utcnow(), eval_result=_eval_result(0.5)
+                conn,
+                c,
+                completions.StageOutput(eval_result=_eval_result(0.5)),
+                worker="w1",
+                now=utcnow(),
+                owed_until=utcnow(),
             )
 
     try:

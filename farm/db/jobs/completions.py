@@ -30,6 +30,22 @@ class Completion:
     reason: str | None = None
 
 
+@dataclass(frozen=True)
+class StageOutput:
+    """What a stage's handler returned; the field of its stage is set: INIT's state, RUN's
+    result, EVAL's score."""
+
+    init_state: dict[str, Any] | None = None
+    run_result: RunResult | None = None
+    eval_result: EvalResult | None = None
+
+    def produced_state(self) -> dict[str, Any]:
+        """What the stage made that a teardown needs to know about (INIT's state, RUN's state)."""
+        if self.init_state is not None:
+            return dict(self.init_state)
+        return dict(self.run_result.state) if self.run_result is not None else {}
+
+
 @dataclass
 class _Result:
     """What a finished stage writes: the job's new column values, and where it goes next."""
@@ -48,15 +64,9 @@ def finishes(stage: Stage, run_result: RunResult | None) -> bool:
     return stage is Stage.EVAL
 
 
-def _result(
-    claim: Claim,
-    now: datetime,
-    owed_until: datetime,
-    init_state: dict[str, Any] | None,
-    run_result: RunResult | None,
-    eval_result: EvalResult | None,
-) -> _Result:
-    """The job row after ``claim``'s stage ended with these results (nothing is written here)."""
+def _result(claim: Claim, now: datetime, owed_until: datetime, output: StageOutput) -> _Result:
+    """The job row after ``claim``'s stage ended with this output (nothing is written here)."""
+    init_state, run_result, eval_result = output.init_state, output.run_result, output.eval_result
     stage = claim.stage
     data = claim.stage_data
     timings = dict(data.get("timings", {}))
@@ -92,13 +102,11 @@ def _result(
 def complete_next(
     conn: Connection,
     claim: Claim,
+    output: StageOutput,
     *,
     worker: str,
     now: datetime,
     owed_until: datetime,
-    init_state: dict[str, Any] | None = None,
-    run_result: RunResult | None = None,
-    eval_result: EvalResult | None = None,
 ) -> Completion | None:
     """PostgreSQL: the usual completion in one statement, so it may run on an autocommit
     connection; one that ``finishes`` the job takes its finish position in the same statement.
@@ -106,8 +114,8 @@ def complete_next(
     out under the row lock), and always on SQLite."""
     if conn.dialect.name != "postgresql":
         return None
-    result = _result(claim, now, owed_until, init_state, run_result, eval_result)
-    writes = _writes(claim, worker, now, result, run_result, eval_result)
+    result = _result(claim, now, owed_until, output)
+    writes = _writes(claim, worker, now, result, output)
     if not _write_owned(conn, claim, worker, now, result, writes):
         return None
     return _completed(claim, result)
@@ -122,18 +130,16 @@ def _completed(claim: Claim, result: _Result) -> Completion:
 def complete_stage(
     session: Connection,
     claim: Claim,
+    output: StageOutput,
     *,
     worker: str,
     now: datetime,
     owed_until: datetime,
-    init_state: dict[str, Any] | None = None,
-    run_result: RunResult | None = None,
-    eval_result: EvalResult | None = None,
 ) -> Completion:
     """Record a stage's result and decide what comes next. Idempotent per stage: a re-run
     overwrites its own trajectory row rather than adding a second one."""
-    result = _result(claim, now, owed_until, init_state, run_result, eval_result)
-    writes = _writes(claim, worker, now, result, run_result, eval_result)
+    result = _result(claim, now, owed_until, output)
+    writes = _writes(claim, worker, now, result, output)
     if not _write_owned(session, claim, worker, now, result, writes):
         job, why = jobrows.owned_attempt(session, claim.job_id, claim.stage, worker)
         if job is None:
@@ -141,8 +147,8 @@ def complete_stage(
         # Still ours, but not the attempt this worker claimed (the same worker took the stage
         # over after its lease lapsed): write what the job row says.
         claim = _as_claimed(job, claim.stage)
-        result = _result(claim, now, owed_until, init_state, run_result, eval_result)
-        writes = _writes(claim, worker, now, result, run_result, eval_result)
+        result = _result(claim, now, owed_until, output)
+        writes = _writes(claim, worker, now, result, output)
         jobrows.set_values(session, claim.job_id, **result.values)
         attempts.write_apart(session, claim.job_id, writes)
         if result.finish is not None:
@@ -185,11 +191,11 @@ def _writes(
     worker: str,
     now: datetime,
     result: _Result,
-    run_result: RunResult | None,
-    eval_result: EvalResult | None,
+    output: StageOutput,
 ) -> attempts.Writes:
     """The rows the completion of ``claim`` writes besides the job's."""
     timings = result.values["stage_data"]["timings"]
+    run_result, eval_result = output.run_result, output.eval_result
     return attempts.Writes(
         attempt=_attempt_row(claim, worker, now),
         trajectory=attempts.trajectory_row(run_result) if run_result is not None else None,
