@@ -14,8 +14,8 @@ from farm.constants import Outcome
 from farm.errors import UpstreamStatusError, UpstreamTimeout
 from farm.llm.trajectory import TrajectoryBuilder
 from farm.llm.types import SamplingParams
+from farm.testing import ScriptedLLM
 from farm.tools.base import ToolResult
-from tests.tasks.handlers.scripted import ScriptedLLM
 
 ECHO_SPEC = {
     "name": "echo",

@@ -9,9 +9,9 @@ import pytest
 from farm.agent.toolcalls import format_call
 from farm.constants import Outcome
 from farm.handlers.registry import get_handler
+from farm.testing import run_stages
 from tasks.code.dataset import problems_by_id as code_problems
 from tasks.math.dataset import problems_by_id as math_problems
-from tests.tasks.handlers.scripted import run_job
 
 FENCE = "`" * 3
 
@@ -23,7 +23,7 @@ def _math_problem() -> Any:
 def test_math_single_turn_right_and_wrong_answers(tiny_tokenizer: Any) -> None:
     problem = _math_problem()
     handler = get_handler("math")
-    right = run_job(
+    right = run_stages(
         handler,
         {"problem_id": problem.id},
         [f"Easy: \\boxed{{{problem.answer}}}"],
@@ -33,7 +33,9 @@ def test_math_single_turn_right_and_wrong_answers(tiny_tokenizer: Any) -> None:
     assert right.run.outcome is Outcome.OK
     assert right.eval is not None and right.eval.reward == 1.0
     assert "sandbox" not in right.init_state  # one turn, no tools: no sandbox
-    wrong = run_job(handler, {"problem_id": problem.id}, ["\\boxed{-12345}"], sandboxes=None, tokenizer=tiny_tokenizer)
+    wrong = run_stages(
+        handler, {"problem_id": problem.id}, ["\\boxed{-12345}"], sandboxes=None, tokenizer=tiny_tokenizer
+    )
     assert wrong.eval is not None and wrong.eval.reward == 0.0
     assert wrong.eval.info["grade"]["extracted"] == "-12345"
 
@@ -43,7 +45,7 @@ def test_math_with_python_tool(tiny_tokenizer: Any, sandboxes: Any) -> None:
         format_call("ipython", {"code": "print(3*4 + 5)"}),
         "The kernel says 17, so the answer is \\boxed{17}.",
     ]
-    out = run_job(
+    out = run_stages(
         get_handler("math"),
         {"problem": "What is 3*4+5?", "answer": "17", "max_turns": 3},
         turns,
@@ -61,7 +63,7 @@ def test_math_with_python_tool(tiny_tokenizer: Any, sandboxes: Any) -> None:
 def test_code_answer_in_text_scored_by_hidden_tests(tiny_tokenizer: Any, sandboxes: Any) -> None:
     problem = next(p for p in code_problems().values() if p.reference_solution)
     handler = get_handler("code")
-    good = run_job(
+    good = run_stages(
         handler,
         {"problem_id": problem.id, "max_turns": 1},
         [f"Here it is:\n{FENCE}python\n{problem.reference_solution}\n{FENCE}"],
@@ -70,7 +72,7 @@ def test_code_answer_in_text_scored_by_hidden_tests(tiny_tokenizer: Any, sandbox
     )
     assert good.eval is not None and good.eval.reward == 1.0, good.eval.info
     assert good.eval.metrics["passed"] == good.eval.metrics["total"] == len(problem.tests)
-    bad = run_job(
+    bad = run_stages(
         handler,
         {"problem_id": problem.id, "max_turns": 1},
         [f"{FENCE}python\ndef {problem.entry_point}(*args, **kwargs):\n    return None\n{FENCE}"],
@@ -87,7 +89,7 @@ def test_code_solution_file_written_with_tools(tiny_tokenizer: Any, sandboxes: A
         format_call("editor", {"command": "create", "path": "solution.py", "file_text": problem.reference_solution}),
         format_call("submit", {}),
     ]
-    out = run_job(
+    out = run_stages(
         get_handler("code"),
         {"problem_id": problem.id, "reward": "all"},
         turns,
@@ -107,7 +109,7 @@ def test_code_eval_ignores_what_the_agent_left_in_its_sandbox(tiny_tokenizer: An
         format_call("bash", {"command": f"printf '%s' {forged!r} > _farm_harness.py && echo all-pass > .farm_report"}),
         f"{FENCE}python\ndef {problem.entry_point}(*a, **k):\n    raise SystemExit(0)\n{FENCE}",
     ]
-    out = run_job(
+    out = run_stages(
         get_handler("code"),
         {"problem_id": problem.id, "reward": "all"},
         turns,

@@ -10,10 +10,10 @@ import pytest
 from farm.agent.toolcalls import format_call
 from farm.constants import Outcome
 from farm.handlers.registry import get_handler
+from farm.testing import run_stages
 from tasks.harbor.dataset import EXAMPLES_DIR
 from tasks.harbor.verifier import VerifierError
 from tasks.swe.dataset import instances_by_id
-from tests.tasks.handlers.scripted import run_job
 
 INSTANCE = "rollout-farm__semver-1"
 
@@ -28,7 +28,7 @@ def _apply(patch: str) -> str:
 
 def test_swe_gold_patch_resolves(tiny_tokenizer: Any, sandboxes: Any) -> None:
     instance = instances_by_id()[INSTANCE]
-    out = run_job(
+    out = run_stages(
         get_handler("swe"),
         {"instance_id": INSTANCE},
         [_apply(instance.patch), format_call("submit", {})],
@@ -44,7 +44,7 @@ def test_swe_gold_patch_resolves(tiny_tokenizer: Any, sandboxes: Any) -> None:
 
 
 def test_swe_no_fix_scores_zero(tiny_tokenizer: Any, sandboxes: Any) -> None:
-    out = run_job(
+    out = run_stages(
         get_handler("swe"),
         {"instance_id": INSTANCE},
         [format_call("submit", {})],
@@ -66,7 +66,7 @@ def test_swe_agent_edits_beyond_its_diff_never_reach_eval(tiny_tokenizer: Any, s
         "echo 'import os' > sitecustomize.py; "
         "(while true; do echo 'def compare(a, b): return 1' >> semver/version.py; sleep 0.2; done) >/dev/null 2>&1 &"
     )
-    out = run_job(
+    out = run_stages(
         get_handler("swe"),
         {"instance_id": INSTANCE},
         [_bash(rig), format_call("submit", {})],
@@ -79,7 +79,7 @@ def test_swe_agent_edits_beyond_its_diff_never_reach_eval(tiny_tokenizer: Any, s
 
 
 def test_swe_turn_budget_is_agent_error_and_still_scored(tiny_tokenizer: Any, sandboxes: Any) -> None:
-    out = run_job(
+    out = run_stages(
         get_handler("swe"),
         {"instance_id": INSTANCE, "max_turns": 2},
         [_bash("ls")],
@@ -93,7 +93,7 @@ def test_swe_turn_budget_is_agent_error_and_still_scored(tiny_tokenizer: Any, sa
 
 def test_harbor_hello_file(tiny_tokenizer: Any, sandboxes: Any) -> None:
     handler = get_handler("harbor")
-    solved = run_job(
+    solved = run_stages(
         handler,
         {"example": "hello-file"},
         [_bash("printf 'Hello, farm!\\n' > hello.txt && pwd"), format_call("submit", {})],
@@ -102,7 +102,7 @@ def test_harbor_hello_file(tiny_tokenizer: Any, sandboxes: Any) -> None:
     )
     assert solved.eval is not None and solved.eval.reward == 1.0, solved.eval.info
     assert "/app" in tiny_tokenizer.decode(solved.llm.prompts[1])
-    unsolved = run_job(
+    unsolved = run_stages(
         handler, {"example": "hello-file"}, [format_call("submit", {})], sandboxes=sandboxes, tokenizer=tiny_tokenizer
     )
     assert unsolved.eval is not None and unsolved.eval.reward == 0.0
@@ -110,7 +110,7 @@ def test_harbor_hello_file(tiny_tokenizer: Any, sandboxes: Any) -> None:
 
 def test_harbor_reward_json_metrics(tiny_tokenizer: Any, sandboxes: Any) -> None:
     solve = (EXAMPLES_DIR / "fix-count-lines" / "solution" / "solve.sh").read_text()
-    out = run_job(
+    out = run_stages(
         get_handler("harbor"),
         {"example": "fix-count-lines"},
         [_bash(solve), format_call("submit", {})],
@@ -129,7 +129,7 @@ def test_harbor_verifier_without_reward_is_infrastructure(tiny_tokenizer: Any, s
     (task / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 10.0\n')
     (task / "tests" / "test.sh").write_text("#!/usr/bin/env bash\necho 'forgot the reward'\n")
     with pytest.raises(VerifierError) as caught:
-        run_job(
+        run_stages(
             get_handler("harbor"),
             {"path": str(task)},
             [format_call("submit", {})],
@@ -148,24 +148,24 @@ def test_agent_killing_its_sandbox_is_a_sandbox_error_and_the_retry_starts_over(
     from farm.constants import Stage
     from farm.errors import SandboxError
     from farm.sandbox.registry import Registry
-    from tests.tasks.handlers.scripted import ScriptedResources, context
+    from farm.testing import ScriptedResources, stage_context
 
     handler = get_handler("harbor")
     config = handler.validate({"example": "hello-file"})
     llm = ScriptedResources(tiny_tokenizer, [_bash("kill -9 -1"), format_call("submit", {})])
     import asyncio
 
-    state = asyncio.run(handler.init(config, context(Stage.INIT, llm, sandboxes)))
+    state = asyncio.run(handler.init(config, stage_context(Stage.INIT, llm, sandboxes)))
     first = state["sandbox"]
     with pytest.raises(SandboxError):
-        asyncio.run(handler.run(config, state, context(Stage.RUN, llm, sandboxes, attempt=1)))
+        asyncio.run(handler.run(config, state, stage_context(Stage.RUN, llm, sandboxes, attempt=1)))
     llm.turns = [_bash("printf 'Hello, farm!\\n' > hello.txt"), format_call("submit", {})]
-    run = asyncio.run(handler.run(config, state, context(Stage.RUN, llm, sandboxes, attempt=2)))
+    run = asyncio.run(handler.run(config, state, stage_context(Stage.RUN, llm, sandboxes, attempt=2)))
     assert run.outcome is Outcome.OK and run.state["sandbox"] != first
     state = {**state, **run.state}
-    result = asyncio.run(handler.evaluate(config, state, run.trajectory, context(Stage.EVAL, llm, sandboxes)))
+    result = asyncio.run(handler.evaluate(config, state, run.trajectory, stage_context(Stage.EVAL, llm, sandboxes)))
     assert result.reward == 1.0
-    asyncio.run(handler.teardown(config, state, context(Stage.EVAL, llm, sandboxes)))
+    asyncio.run(handler.teardown(config, state, stage_context(Stage.EVAL, llm, sandboxes)))
     assert Registry(root=sandboxes._settings.sandbox.root_dir).records() == []
 
 
@@ -175,7 +175,7 @@ def test_budgets_from_the_spec(tiny_tokenizer: Any, sandboxes: Any) -> None:
     budgets = handler.budgets(config)
     assert budgets.wall_time_s == 5 and budgets.max_tokens == 100
     assert handler.budgets(handler.validate({"example": "hello-file"})).wall_time_s == 120.0  # task.toml [agent]
-    out = run_job(
+    out = run_stages(
         get_handler("swe"),
         {"instance_id": INSTANCE, "max_episode_tokens": 30},
         [_bash("ls -la && git log --oneline && cat README.md")],

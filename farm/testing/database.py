@@ -1,4 +1,4 @@
-"""Support for farm's own tests and benchmarks (not used by the service itself)."""
+"""Throwaway PostgreSQL databases for tests and benchmarks."""
 
 from __future__ import annotations
 

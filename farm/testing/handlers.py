@@ -1,7 +1,14 @@
-"""A scripted LLM at the handler seam, and a one-process runner of a handler's three stages.
+"""Testing a task handler without a farm: a scripted LLM at the handler seam, and a
+one-process runner of a handler's stages as the pipeline calls them.
 
-The pipeline and the real backend are exercised by the farm-level tests; here a handler runs
-with real sandboxes and tools, and only the model is replaced by turns written in advance.
+The handler runs with whatever sandboxes it is given (real ones from
+``farm.worker.sandboxes.SandboxResources``, say) and only the model is replaced by turns
+written in advance, tokenized with the policy's tokenizer::
+
+    from farm.testing import run_stages
+    done = run_stages(MyHandler(), {"prompt": "..."}, ["<tool_call>...</tool_call>", "done"],
+                      sandboxes=sandboxes, tokenizer=tokenizer)
+    assert done.eval is not None and done.eval.reward == 1.0
 """
 
 from __future__ import annotations
@@ -68,14 +75,16 @@ class ScriptedResources:
 
 
 @dataclass
-class Outcome:
+class StagesRun:
+    """What each stage of one job returned, and the scripted LLM that served it."""
+
     init_state: dict[str, Any]
     run: RunResult
     eval: EvalResult | None
     llm: ScriptedLLM
 
 
-def context(
+def stage_context(
     stage: Stage, llm: ScriptedResources, sandboxes: Sandboxes, *, attempt: int = 1, job_id: int = 1
 ) -> StageContext:
     return StageContext(
@@ -92,22 +101,24 @@ def context(
     )
 
 
-def run_job(
+def run_stages(
     handler: TaskHandler[Any], config: dict[str, Any], turns: list[str], *, sandboxes: Any, tokenizer: Any
-) -> Outcome:
+) -> StagesRun:
     """INIT, RUN, EVAL (when RUN's outcome is scored) and teardown, as the pipeline calls them."""
     from farm.constants import POLICY_OUTCOMES
 
     llm = ScriptedResources(tokenizer=tokenizer, turns=turns)
     cfg = handler.validate(config)
-    state = asyncio.run(handler.init(cfg, context(Stage.INIT, llm, sandboxes)))
+    state = asyncio.run(handler.init(cfg, stage_context(Stage.INIT, llm, sandboxes)))
     evaluated = None
     try:
-        run = asyncio.run(handler.run(cfg, state, context(Stage.RUN, llm, sandboxes)))
+        run = asyncio.run(handler.run(cfg, state, stage_context(Stage.RUN, llm, sandboxes)))
         state = {**state, **run.state}
         if run.outcome in POLICY_OUTCOMES:
-            evaluated = asyncio.run(handler.evaluate(cfg, state, run.trajectory, context(Stage.EVAL, llm, sandboxes)))
+            evaluated = asyncio.run(
+                handler.evaluate(cfg, state, run.trajectory, stage_context(Stage.EVAL, llm, sandboxes))
+            )
     finally:
-        asyncio.run(handler.teardown(cfg, state, context(Stage.EVAL, llm, sandboxes)))
+        asyncio.run(handler.teardown(cfg, state, stage_context(Stage.EVAL, llm, sandboxes)))
     assert llm.llm is not None
-    return Outcome(init_state=state, run=run, eval=evaluated, llm=llm.llm)
+    return StagesRun(init_state=state, run=run, eval=evaluated, llm=llm.llm)
