@@ -19,6 +19,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -32,7 +33,8 @@ from farm.schemas import SamplingParams  # noqa: E402
 
 STAGE_S = {"init": 0.1, "run": 0.5, "eval": 0.15}
 CAPS = {"init": 4, "run": 32, "eval": 2}
-TASK = {"type": "echo", "config": {"text": "pipeline", "sleep_s": STAGE_S}}
+CONFIG: dict[str, Any] = {"text": "pipeline", "sleep_s": STAGE_S}
+TASK = {"type": "echo", "config": CONFIG}
 
 
 def farm_makespan(jobs: int) -> float:
@@ -56,7 +58,7 @@ def farm_makespan(jobs: int) -> float:
 
 def coupled_makespan(jobs: int) -> float:
     handler = EchoHandler()
-    config = handler.validate(TASK["config"])
+    config = handler.validate(CONFIG)
 
     def ctx(stage: Stage) -> StageContext:
         return StageContext(

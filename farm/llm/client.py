@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import httpx
 
@@ -76,7 +76,7 @@ class _HttpBackend:
             transport=transport,
         )
 
-    async def __aenter__(self) -> _HttpBackend:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *_: object) -> None:

@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -310,7 +310,7 @@ class Farm:
     def restart(self, proc: Proc) -> None:
         self.start(proc)
 
-    def revive_exited(self, *, keep_dead: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+    def revive_exited(self, *, keep_dead: Collection[str] = frozenset()) -> list[str]:
         """Start again any process that exited on its own (a supervisor's job); names those."""
         revived = []
         for proc in self.procs.values():
@@ -423,7 +423,7 @@ def batch_rows(database_url: str, batch_id: int) -> tuple[list[dict[str, Any]], 
                     {"b": batch_id},
                 )
             ]
-            trajs = dict(
+            trajs: dict[int, int] = dict(
                 conn.execute(
                     sa.text(
                         "select t.job_id, count(*) from trajectories t join jobs j on j.id = t.job_id"

@@ -9,9 +9,11 @@ the client's cursor across every outage, all before a generous deadline; and pri
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections import Counter
+from collections.abc import Collection
 from pathlib import Path
 
 import httpx
@@ -28,10 +30,10 @@ from tests.crash.harness import (
     PrivateRedis,
     ResultsReader,
     check_batch,
-    free_port,
     summary,
     wait_for,
 )
+from tests.integration.conftest import free_port
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(900)]
 
@@ -152,7 +154,7 @@ def chaos_scenario(name: str, make_farm, crash_db: str, postgres: PrivatePostgre
 
 
 def finish_reading(
-    reader: ResultsReader, *, timeout_s: float, farm: Farm | None = None, keep_dead: set[str] = frozenset()
+    reader: ResultsReader, *, timeout_s: float, farm: Farm | None = None, keep_dead: Collection[str] = frozenset()
 ) -> None:
     """Wait (no assert: the checks that follow say what is missing) for the reader to see every job,
     starting again, as a supervisor would, any farm process that exits by itself."""
@@ -297,7 +299,7 @@ def test_backend_killed_mid_rollout_every_job_ends_once_token_exact(
     farm.wait_api()
     for name, port in ports.items():
         url = f"http://127.0.0.1:{port}"
-        wait_for(lambda url=url: _answers(f"{url}/health"), timeout_s=120, what=f"{name} to serve")
+        wait_for(functools.partial(_answers, f"{url}/health"), timeout_s=120, what=f"{name} to serve")
         created = httpx.post(
             f"{farm.api_url}/v1/backends",
             json={"id": name, "url": url, "kind": "builtin", "model": "farm-tiny", "capacity": 16},
@@ -324,7 +326,7 @@ def test_backend_killed_mid_rollout_every_job_ends_once_token_exact(
     stats = check_batch(crash_db, batch.id, batch.job_ids, reader)
     assert stats["states"] == {JobState.DONE.value: jobs}, stats["states"]
     teachers = {name: teacher_for(model_dir) for name, model_dir in models.items()}
-    produced = Counter()
+    produced: Counter[str] = Counter()
     for r in reader.results:
         t = r.trajectory
         backend = t.info["backend"]

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from farm.api.app import create_app
@@ -239,7 +241,7 @@ def _check_backends_are_restored(api: TestClient, redis_client) -> None:
     redis_client.flushdb()
     assert api.get("/v1/backends", headers=AUTH).json() == []
     # then the health checker's next round puts back what the database has, and only that.
-    checker_restore = api.app.state.farm_checker.restore
+    checker_restore = cast(FastAPI, api.app).state.farm_checker.restore
     assert checker_restore() == 1
     [backend] = api.get("/v1/backends", headers=AUTH).json()
     assert (backend["id"], backend["url"], backend["capacity"], backend["inflight"]) == (

@@ -141,7 +141,7 @@ def test_teardowns_a_cancel_owes_are_paid_even_when_their_messages_were_lost(own
 
     def owed() -> int:
         with engine.connect() as conn:
-            return int(conn.scalar(select(func.count()).select_from(Teardown)))
+            return conn.scalar(select(func.count()).select_from(Teardown)) or 0
 
     with FarmClient(stack.settings.api_url, token="e2e-token") as client:
         # Given jobs past INIT whose RUN messages wait behind one busy RUN slot,

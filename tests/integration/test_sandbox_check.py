@@ -50,7 +50,9 @@ def test_farm_up_stops_with_the_workers_reason(tmp_path: Path, own_pg_url: str, 
         stack.start()
     # The failed check is left where the API's /readyz reads it.
     client = redis.Redis.from_url(isolated_redis_url)
-    record = json.loads(client.hget(sandbox_checks_key(), "nobwrap"))
+    raw = client.hget(sandbox_checks_key(), "nobwrap")
+    assert raw is not None
+    record = json.loads(raw)
     assert record["ok"] is False and "bubblewrap" in record["detail"]
     client.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +25,7 @@ from farm.errors import HandlerNotFound
 
 
 def test_submit_sends_bearer_token_body_and_idempotency_key():
-    seen = {}
+    seen: dict[str, Any] = {}
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.update(

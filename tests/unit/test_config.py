@@ -33,7 +33,7 @@ def test_settings_env_round_trips_through_the_environment(monkeypatch: pytest.Mo
         monkeypatch.setenv(key, value)
     rebuilt = Settings()
     assert rebuilt.model_dump() == original.model_dump()
-    assert rebuilt.api.token.get_secret_value() == "tok"
+    assert rebuilt.api.token is not None and rebuilt.api.token.get_secret_value() == "tok"
 
 
 def test_ensure_token_makes_one_and_keeps_it(tmp_path):

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import cast
+
+from redis import Redis
 
 from farm.config import Settings
 from farm.constants import Stage
@@ -34,7 +37,7 @@ def _setup(sqlite_url: str):
             claims.claim_stage(
                 conn, job_id=job_id, stage=Stage.INIT, node="n", worker="w", now=utcnow(), lease_s=3.0, max_attempts=3
             )
-    renewer = LeaseRenewer(settings, engine=lambda: engine, redis_client=lambda: _NoRedis())
+    renewer = LeaseRenewer(settings, engine=lambda: engine, redis_client=lambda: cast(Redis, _NoRedis()))
     return engine, sessions, renewer, ids
 
 
@@ -91,7 +94,7 @@ def test_cancel_flag_is_read_once_per_batch_for_all_stages_of_the_process(sqlite
     fake = _CountingRedis()
     renewer = LeaseRenewer(settings, engine=lambda: None, redis_client=lambda: fake)  # type: ignore[arg-type,return-value]
     clock = [1000.0]
-    monkeypatch.setattr(lease_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr("farm.worker.lease.time.monotonic", lambda: clock[0])
     with (
         renewer.hold(job_id=1, batch_id=7, stage=Stage.RUN, worker="w", deadline=2000.0) as first,
         renewer.hold(job_id=2, batch_id=7, stage=Stage.RUN, worker="w", deadline=2000.0) as second,

@@ -83,6 +83,7 @@ def test_job_runs_through_all_stages_and_records_history(sessions):
         assert done.recorded
     j = job(sessions, job_id)
     assert j.state is JobState.DONE and j.outcome is Outcome.OK and j.reward == 0.75
+    assert j.init_at and j.run_at and j.eval_at and j.finished_at
     assert j.init_at <= j.run_at <= j.eval_at <= j.finished_at
     with sessions() as s:
         runs = s.scalars(select(StageRun).where(StageRun.job_id == job_id).order_by(StageRun.id)).all()

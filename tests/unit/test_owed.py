@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
 from farm.constants import JobState, Outcome, Stage, StageStatus
 from farm.db import nodes, owed, teardowns
@@ -64,11 +64,7 @@ def test_a_stage_given_back_without_an_owner_is_owed_again(sessions):
     batch_id, (job_id,) = make_batch(sessions, group_size=1)
     c = claim(sessions, job_id, Stage.INIT)
     with transaction(sessions) as s:
-        s.execute(
-            Job.__table__.update()
-            .where(Job.id == job_id)
-            .values(worker=None, lease_until=utcnow() - timedelta(seconds=1))
-        )
+        s.execute(update(Job).where(Job.id == job_id).values(worker=None, lease_until=utcnow() - timedelta(seconds=1)))
     assert [(o.job_id, o.stage) for o in due(sessions, batch_id)] == [(job_id, c.stage)]
 
 
@@ -165,7 +161,9 @@ def test_a_lost_nodes_jobs_fail_as_infra_error_when_told_or_after_too_many_resta
     assert out.failed >= 2 and not {first, second} & set(dict(out.restarted))
     for job_id in (first, second):
         j = job(sessions, job_id)
-        assert j.state is JobState.FAILED and j.outcome is Outcome.INFRA_ERROR and j.reason.startswith("node lost")
+        assert (
+            j.state is JobState.FAILED and j.outcome is Outcome.INFRA_ERROR and (j.reason or "").startswith("node lost")
+        )
         assert j.finish_seq is not None
 
     _, (third, in_init) = make_batch(sessions)

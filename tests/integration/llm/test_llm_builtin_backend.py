@@ -131,7 +131,9 @@ def test_builtin_stops_at_a_stop_token_id(builtin_server, tiny_tokenizer):
 def test_builtin_metrics_count_prefix_cache_hits(builtin_server, tiny_tokenizer):
     def hits():
         text = httpx.get(f"{builtin_server.url}/metrics").text
-        return float(re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$", text, re.M).group(1))
+        found = re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$", text, re.M)
+        assert found is not None, text
+        return float(found.group(1))
 
     prompt = prompt_of(tiny_tokenizer, "metrics " * 20)
     first = run(generate(builtin_server, prompt, SamplingParams(max_tokens=4, seed=0)))

@@ -118,7 +118,8 @@ def test_reference_solutions_pass_every_test():
     problems = list_problems()
     assert 20 <= len(problems) <= 40
     for problem in problems:
-        namespace = {}
+        namespace: dict[str, object] = {}
+        assert problem.reference_solution is not None
         exec(problem.reference_solution, namespace)
         for test in problem.tests:
             exec(test, dict(namespace))
@@ -127,6 +128,7 @@ def test_reference_solutions_pass_every_test():
 @pytest.mark.parametrize("problem_id", ["parse-duration", "two-sum", "balanced-brackets"])
 def test_grade_reference_solution_scores_one(problem_id, tmp_path):
     problem = problems_by_id()[problem_id]
+    assert problem.reference_solution is not None
     result = grade(problem=problem, solution=problem.reference_solution, workdir=tmp_path, python=PY, mode="all")
     assert result.reward == 1.0, result.info()
 

@@ -70,7 +70,8 @@ def test_code_answer_in_text_scored_by_hidden_tests(tiny_tokenizer: Any, sandbox
         sandboxes=sandboxes,
         tokenizer=tiny_tokenizer,
     )
-    assert good.eval is not None and good.eval.reward == 1.0, good.eval.info
+    assert good.eval is not None
+    assert good.eval.reward == 1.0, good.eval.info
     assert good.eval.metrics["passed"] == good.eval.metrics["total"] == len(problem.tests)
     bad = run_stages(
         handler,

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from farm.agent.handler import AgentHandler
 from farm.agent.toolcalls import format_call
 from farm.constants import Outcome
 from farm.handlers.registry import get_handler
@@ -37,7 +38,8 @@ def test_swe_gold_patch_resolves(tiny_tokenizer: Any, sandboxes: Any) -> None:
     )
     assert out.run.outcome is Outcome.OK, out.run.reason
     assert "semver/version.py" in out.init_state["patch"]
-    assert out.eval is not None and out.eval.reward == 1.0, out.eval.info
+    assert out.eval is not None
+    assert out.eval.reward == 1.0, out.eval.info
     assert set(out.eval.info["swe"]["tests"].values()) == {"PASSED"}
     # The real output of git status reached the model.
     assert "M semver/version.py" in tiny_tokenizer.decode(out.llm.prompts[1])
@@ -73,7 +75,8 @@ def test_swe_agent_edits_beyond_its_diff_never_reach_eval(tiny_tokenizer: Any, s
         sandboxes=sandboxes,
         tokenizer=tiny_tokenizer,
     )
-    assert out.eval is not None and out.eval.reward == 0.0, out.eval.info
+    assert out.eval is not None
+    assert out.eval.reward == 0.0, out.eval.info
     restored = out.eval.info["swe"]["restored"]
     assert "conftest.py" in restored and "sitecustomize.py" in restored
 
@@ -100,7 +103,8 @@ def test_harbor_hello_file(tiny_tokenizer: Any, sandboxes: Any) -> None:
         sandboxes=sandboxes,
         tokenizer=tiny_tokenizer,
     )
-    assert solved.eval is not None and solved.eval.reward == 1.0, solved.eval.info
+    assert solved.eval is not None
+    assert solved.eval.reward == 1.0, solved.eval.info
     assert "/app" in tiny_tokenizer.decode(solved.llm.prompts[1])
     unsolved = run_stages(
         handler, {"example": "hello-file"}, [format_call("submit", {})], sandboxes=sandboxes, tokenizer=tiny_tokenizer
@@ -117,7 +121,8 @@ def test_harbor_reward_json_metrics(tiny_tokenizer: Any, sandboxes: Any) -> None
         sandboxes=sandboxes,
         tokenizer=tiny_tokenizer,
     )
-    assert out.eval is not None and out.eval.reward == 1.0, out.eval.info
+    assert out.eval is not None
+    assert out.eval.reward == 1.0, out.eval.info
     assert out.eval.metrics["cases_passed"] == out.eval.metrics["cases_total"] == 4
     assert out.eval.info["harbor"]["source"] == "reward.json"
 
@@ -171,6 +176,7 @@ def test_agent_killing_its_sandbox_is_a_sandbox_error_and_the_retry_starts_over(
 
 def test_budgets_from_the_spec(tiny_tokenizer: Any, sandboxes: Any) -> None:
     handler = get_handler("harbor")
+    assert isinstance(handler, AgentHandler)
     config = handler.validate({"example": "hello-file", "time_limit_s": 5, "max_episode_tokens": 100})
     budgets = handler.budgets(config)
     assert budgets.wall_time_s == 5 and budgets.max_tokens == 100

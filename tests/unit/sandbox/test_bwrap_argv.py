@@ -3,7 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from farm.sandbox.base import Bind, SandboxSpec
-from farm.sandbox.bwrap import FARM_LIB_INSIDE, RUN_DIR_INSIDE, bwrap_argv
+from farm.sandbox.bwrap import FARM_LIB_INSIDE, bwrap_argv
+from farm.sandbox.server_sandbox import RUN_DIR_INSIDE
 
 
 def _argv(spec: SandboxSpec, *, run_as: tuple[int, int] | None = (65534, 65534)) -> list[str]:
