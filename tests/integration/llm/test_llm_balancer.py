@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import time
+import uuid
 
 import httpx
 import pytest
 
 from farm import constants
 from farm.errors import InvalidSpec, NoBackendAvailable, UpstreamStatusError
+from farm.llm import lua
 from farm.llm.balancer import Balancer
 from farm.llm.health import HealthChecker
 from farm.llm.session import ClientPool, LLMSession
@@ -108,6 +110,49 @@ def test_balancer_release_is_idempotent(balancer):
     assert balancer.release("job") is True
     assert balancer.release("job") is False
     assert inflight(balancer) == {"a": 0}
+
+
+def test_balancer_script_literals_keep_every_byte(redis_client):
+    # Key names are baked into the scripts as Lua literals: quotes, backslashes, control and non-ASCII bytes survive
+    odd = "a\"b\\c\nd\x00e\u00e9'"
+    script = lua.render("return {$name, $number}", name=odd, number=42)
+    assert redis_client.eval(script, 0) == [odd.encode(), 42]
+
+
+def test_balancer_loads_its_scripts_into_a_redis_that_never_saw_them(redis_client):
+    # A lease TTL no other balancer uses gives an acquire script this Redis has never seen (as after a restart)
+    balancer = Balancer(redis_client, lease_ttl_s=1000 + uuid.uuid4().int % 10**6)
+    assert redis_client.script_exists(balancer._acquire.script.sha) == [False]
+    balancer.add_backend(backend_id="a", url="http://a")
+    assert balancer.acquire("job").backend_id == "a"
+    assert balancer.release("job") is True
+    assert inflight(balancer) == {"a": 0}
+
+
+def test_balancer_on_a_redis_that_lost_its_keys_routes_again_once_backends_are_registered(balancer):
+    balancer.add_backend(backend_id="a", url="http://a")
+    balancer.acquire("job")
+    balancer.redis.flushdb()
+    with pytest.raises(NoBackendAvailable):
+        balancer.acquire("job")
+    assert balancer.release("job") is False
+    balancer.add_backend(backend_id="a", url="http://a")
+    assert balancer.acquire("job").backend_id == "a"
+    assert inflight(balancer) == {"a": 1}
+
+
+def test_balancer_works_through_a_single_connection_client(redis_client, redis_url):
+    import redis
+
+    client = redis.Redis.from_url(redis_url, single_connection_client=True)
+    try:
+        balancer = Balancer(client)
+        balancer.add_backend(backend_id="a", url="http://a")
+        assert balancer.acquire("job").backend_id == "a"
+        assert balancer.release("job") is True
+        assert inflight(balancer) == {"a": 0}
+    finally:
+        client.close()
 
 
 def test_balancer_expired_lease_gives_the_slot_back(redis_client):
