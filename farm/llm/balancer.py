@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from redis import Redis
 from redis.commands.core import Script
+from redis.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from farm import constants
@@ -110,6 +114,9 @@ class Balancer:
         self.redis = redis
         self.lease_ttl_ms = int(lease_ttl_s * 1000)
         self.failures_to_eject = failures_to_eject
+        self._hot_lock = threading.Lock()
+        self._hot: AbstractConnection | None = None  # see _hot_connection
+        self._hot_pid = 0
         # Key names and constants are baked into the script text (see farm.llm.lua), so a call sends
         # only its own arguments; a balancer with another lease TTL has its own scripts.
         values: dict[str, str | int] = {
@@ -144,24 +151,46 @@ class Balancer:
     def _run(self, op: _Script, *args: str | int) -> Any:
         """One EVALSHA of ``op``'s script.
 
-        The hot path sends the pre-packed command on a pooled connection itself: going through
-        ``execute_command`` (its retry closure, metrics hooks, packing of every argument) costs about
-        10 us more of a ~50 us round trip, and a pair is two calls. Anything unusual takes redis-py's
-        ordinary path instead: a Redis that restarted empty or never saw the script (it is loaded), a
-        broken connection (redis-py has already dropped it; its retries apply), a single-connection client.
+        The hot path sends the pre-packed command on the balancer's own connection: a pool checkout
+        (a poll() for stale data, locks, metrics) and ``execute_command`` (retry closure, packing every
+        argument) cost about 20 us of a ~50 us round trip, and a pair is two calls. Anything else takes
+        redis-py's ordinary path: a Redis that restarted empty or never saw the script (it is loaded), a
+        broken connection (redis-py has already closed it; its retries apply), a second thread while the
+        connection is busy, a single-connection client.
         """
-        client = self.redis
-        if client.connection is None:
-            pool = client.connection_pool
-            conn = pool.get_connection()
+        if self._hot_lock.acquire(blocking=False):
+            conn = None
             try:
-                conn.send_packed_command([op.command(tuple(map(conn.encoder.encode, args)))])  # type: ignore[no-untyped-call]
-                return conn.read_response()
+                conn = self._hot_connection()
+                if conn is not None:
+                    conn.send_packed_command([op.command(tuple(map(conn.encoder.encode, args)))])  # type: ignore[no-untyped-call]
+                    return conn.read_response()
             except (NoScriptError, RedisConnectionError, RedisTimeoutError):
                 pass
+            except ResponseError:
+                raise  # an error reply, read in full: the connection is fine
+            except BaseException:
+                if conn is not None:
+                    conn.disconnect()  # type: ignore[no-untyped-call]  # e.g. interrupted between send and read
+                raise
             finally:
-                pool.release(conn)
+                self._hot_lock.release()
         return op.script(args=args)
+
+    def _hot_connection(self) -> AbstractConnection | None:
+        """The connection ``_run`` uses, taken from the client's pool on first use (again in a forked
+        child) and given back when the balancer is dropped; None for a single-connection client.
+
+        A connection that failed or was interrupted mid-call is closed (by redis-py, or by ``_run`` between
+        send and read), so no reply is ever left unread on it: what the pool's checkout poll() guards against.
+        """
+        if self._hot is None or self._hot_pid != os.getpid():
+            if self.redis.connection is not None:
+                return None
+            pool = self.redis.connection_pool
+            self._hot, self._hot_pid = pool.get_connection(), os.getpid()
+            weakref.finalize(self, pool.release, self._hot)
+        return self._hot
 
     # ---- backends ------------------------------------------------------------------------------
     def add_backend(
