@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from redis import Redis
-from redis.exceptions import NoScriptError
+from redis.commands.core import Script
+from redis.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from farm import constants
 from farm.config import LLMSettings
@@ -80,6 +87,20 @@ def _check_url(url: str) -> None:
         raise InvalidSpec(f"url: {url!r} must be http(s)://host[:port][/path]", field="url")
 
 
+class _Script:
+    """A balancer script as it is called: redis-py's ``Script`` (to load it into a Redis that lost it)
+    and the RESP of ``EVALSHA <sha> 0``, packed once; a call packs only its own arguments after it."""
+
+    __slots__ = ("script", "head")
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.head = b"$7\r\nEVALSHA\r\n$%d\r\n%s\r\n$1\r\n0\r\n" % (len(script.sha), script.sha.encode())
+
+    def command(self, args: tuple[bytes, ...]) -> bytes:
+        return b"*%d\r\n%s%s" % (3 + len(args), self.head, b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args))
+
+
 class Balancer:
     """Sticky least-loaded routing of jobs to backends, shared by every process through Redis."""
 
@@ -93,35 +114,83 @@ class Balancer:
         self.redis = redis
         self.lease_ttl_ms = int(lease_ttl_s * 1000)
         self.failures_to_eject = failures_to_eject
-        self._keys = [
-            constants.llm_heap_key(),
-            constants.llm_jobs_key(),
-            constants.llm_leases_key(),
-            constants.llm_choice_seq_key(),
-            constants.llm_moves_key(),
-            constants.llm_backends_key(),
-            constants.llm_last_chosen_key(),
-        ]
-        self._prefix = constants.llm_backend_key("")
-        # What every script call sends first, encoded once: the keys, the backend prefix, the reap limit.
-        self._acquire_args = [str(n).encode() for n in (self.lease_ttl_ms, MAX_MOVES_KEPT, MAX_TIES_SCANNED)]
-        self._fixed = [*(k.encode() for k in self._keys), self._prefix.encode(), str(REAP_LIMIT).encode()]
-        self._acquire = redis.register_script(lua.ACQUIRE)
-        self._release = redis.register_script(lua.RELEASE)
-        self._reap = redis.register_script(lua.REAP)
-        self._add = redis.register_script(lua.ADD_BACKEND)
-        self._remove = redis.register_script(lua.REMOVE_BACKEND)
-        self._probe = redis.register_script(lua.PROBE)
+        self._hot_lock = threading.Lock()
+        self._hot: AbstractConnection | None = None  # see _hot_connection
+        self._hot_pid = 0
+        # Key names and constants are baked into the script text (see farm.llm.lua), so a call sends
+        # only its own arguments; a balancer with another lease TTL has its own scripts.
+        values: dict[str, str | int] = {
+            "heap": constants.llm_heap_key(),
+            "jobs": constants.llm_jobs_key(),
+            "leases": constants.llm_leases_key(),
+            "seq": constants.llm_choice_seq_key(),
+            "moves": constants.llm_moves_key(),
+            "backends": constants.llm_backends_key(),
+            "chosen": constants.llm_last_chosen_key(),
+            "prefix": constants.llm_backend_key(""),
+            "reap_limit": REAP_LIMIT,
+            "lease_ttl_ms": self.lease_ttl_ms,
+            "max_moves": MAX_MOVES_KEPT,
+            "max_ties": MAX_TIES_SCANNED,
+        }
+
+        def register(source: str) -> _Script:
+            return _Script(redis.register_script(lua.render(source, **values)))
+
+        self._acquire = register(lua.ACQUIRE)
+        self._release = register(lua.RELEASE)
+        self._reap = register(lua.REAP)
+        self._add = register(lua.ADD_BACKEND)
+        self._remove = register(lua.REMOVE_BACKEND)
+        self._probe = register(lua.PROBE)
 
     @classmethod
     def from_settings(cls, redis: Redis, settings: LLMSettings) -> Balancer:
         return cls(redis, lease_ttl_s=settings.lease_ttl_s, failures_to_eject=settings.failures_to_eject)
 
-    def _run(self, script: Any, *args: Any) -> Any:
-        try:
-            return self.redis.evalsha(script.sha, len(self._keys), *self._fixed, *args)
-        except NoScriptError:  # a Redis that restarted empty, or never saw the script: load it and retry
-            return script(keys=self._keys, args=[self._prefix, REAP_LIMIT, *args])
+    def _run(self, op: _Script, *args: str | int) -> Any:
+        """One EVALSHA of ``op``'s script.
+
+        The hot path sends the pre-packed command on the balancer's own connection: a pool checkout
+        (a poll() for stale data, locks, metrics) and ``execute_command`` (retry closure, packing every
+        argument) cost about 20 us of a ~50 us round trip, and a pair is two calls. Anything else takes
+        redis-py's ordinary path: a Redis that restarted empty or never saw the script (it is loaded), a
+        broken connection (redis-py has already closed it; its retries apply), a second thread while the
+        connection is busy, a single-connection client.
+        """
+        if self._hot_lock.acquire(blocking=False):
+            conn = None
+            try:
+                conn = self._hot_connection()
+                if conn is not None:
+                    conn.send_packed_command([op.command(tuple(map(conn.encoder.encode, args)))])  # type: ignore[no-untyped-call]
+                    return conn.read_response()
+            except (NoScriptError, RedisConnectionError, RedisTimeoutError):
+                pass
+            except ResponseError:
+                raise  # an error reply, read in full: the connection is fine
+            except BaseException:
+                if conn is not None:
+                    conn.disconnect()  # type: ignore[no-untyped-call]  # e.g. interrupted between send and read
+                raise
+            finally:
+                self._hot_lock.release()
+        return op.script(args=args)
+
+    def _hot_connection(self) -> AbstractConnection | None:
+        """The connection ``_run`` uses, taken from the client's pool on first use (again in a forked
+        child) and given back when the balancer is dropped; None for a single-connection client.
+
+        A connection that failed or was interrupted mid-call is closed (by redis-py, or by ``_run`` between
+        send and read), so no reply is ever left unread on it: what the pool's checkout poll() guards against.
+        """
+        if self._hot is None or self._hot_pid != os.getpid():
+            if self.redis.connection is not None:
+                return None
+            pool = self.redis.connection_pool
+            self._hot, self._hot_pid = pool.get_connection(), os.getpid()
+            weakref.finalize(self, pool.release, self._hot)
+        return self._hot
 
     # ---- backends ------------------------------------------------------------------------------
     def add_backend(
@@ -199,7 +268,7 @@ class Balancer:
         Raises:
             NoBackendAvailable: no healthy backend is registered.
         """
-        out = self._run(self._acquire, job_id, *self._acquire_args)
+        out = self._run(self._acquire, job_id)
         if not out:
             raise NoBackendAvailable(
                 "no healthy LLM backend: register one (POST /v1/backends) or wait for the health check",

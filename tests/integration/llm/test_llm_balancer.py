@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import gc
 import multiprocessing
+import sys
 import time
+import uuid
 
 import httpx
 import pytest
 
 from farm import constants
 from farm.errors import InvalidSpec, NoBackendAvailable, UpstreamStatusError
+from farm.llm import lua
 from farm.llm.balancer import Balancer
 from farm.llm.builtin.testing import BuiltinServer, free_port
 from farm.llm.health import HealthChecker
@@ -108,6 +113,102 @@ def test_balancer_release_is_idempotent(balancer):
     assert balancer.release("job") is True
     assert balancer.release("job") is False
     assert inflight(balancer) == {"a": 0}
+
+
+def test_balancer_script_literals_keep_every_byte(redis_client):
+    # Key names are baked into the scripts as Lua literals: quotes, backslashes, control and non-ASCII bytes survive
+    odd = "a\"b\\c\nd\x00e\u00e9'"
+    script = lua.render("return {$name, $number}", name=odd, number=42)
+    assert redis_client.eval(script, 0) == [odd.encode(), 42]
+
+
+def test_balancer_loads_its_scripts_into_a_redis_that_never_saw_them(redis_client):
+    # A lease TTL no other balancer uses gives an acquire script this Redis has never seen (as after a restart)
+    balancer = Balancer(redis_client, lease_ttl_s=1000 + uuid.uuid4().int % 10**6)
+    assert redis_client.script_exists(balancer._acquire.script.sha) == [False]
+    balancer.add_backend(backend_id="a", url="http://a")
+    assert balancer.acquire("job").backend_id == "a"
+    assert balancer.release("job") is True
+    assert inflight(balancer) == {"a": 0}
+
+
+def test_balancer_on_a_redis_that_lost_its_keys_routes_again_once_backends_are_registered(balancer):
+    balancer.add_backend(backend_id="a", url="http://a")
+    balancer.acquire("job")
+    balancer.redis.flushdb()
+    with pytest.raises(NoBackendAvailable):
+        balancer.acquire("job")
+    assert balancer.release("job") is False
+    balancer.add_backend(backend_id="a", url="http://a")
+    assert balancer.acquire("job").backend_id == "a"
+    assert inflight(balancer) == {"a": 1}
+
+
+def test_balancer_works_through_a_single_connection_client(redis_client, redis_url):
+    import redis
+
+    client = redis.Redis.from_url(redis_url, single_connection_client=True)
+    try:
+        balancer = Balancer(client)
+        balancer.add_backend(backend_id="a", url="http://a")
+        assert balancer.acquire("job").backend_id == "a"
+        assert balancer.release("job") is True
+        assert inflight(balancer) == {"a": 0}
+    finally:
+        client.close()
+
+
+def test_balancer_carries_on_after_redis_drops_its_connection(balancer):
+    balancer.add_backend(backend_id="a", url="http://a")
+    balancer.acquire("j1")
+    conn = balancer._hot_connection()
+    conn.send_command("CLIENT", "ID")
+    balancer.redis.client_kill_filter(_id=conn.read_response())
+    assert balancer.acquire("j2").backend_id == "a"
+    assert balancer.release("j1") is True and balancer.release("j2") is True
+    assert inflight(balancer) == {"a": 0}
+
+
+def test_balancer_shared_by_threads_loses_no_count(balancer):
+    balancer.add_backend(backend_id="a", url="http://a")
+    balancer.add_backend(backend_id="b", url="http://b")
+
+    def turns(worker):
+        for i in range(50):
+            job = f"t{worker}-{i}"
+            first = balancer.acquire(job).backend_id
+            assert balancer.acquire(job).backend_id == first
+            assert balancer.release(job) is True
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(turns, range(8)))
+    assert inflight(balancer) == {"a": 0, "b": 0}
+    assert balancer.redis.hlen(constants.llm_jobs_key()) == 0
+
+
+def _acquire_in_child(balancer):
+    sys.exit(0 if balancer.acquire("child").backend_id == "a" else 1)
+
+
+def test_balancer_used_before_a_fork_works_in_parent_and_child(balancer):
+    balancer.add_backend(backend_id="a", url="http://a")
+    balancer.acquire("parent")
+    child = multiprocessing.get_context("fork").Process(target=_acquire_in_child, args=(balancer,))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert balancer.acquire("parent").backend_id == "a"
+    assert inflight(balancer) == {"a": 2}
+
+
+def test_balancer_gives_its_connection_back_when_dropped(redis_client):
+    in_use = redis_client.connection_pool._in_use_connections
+    balancer = Balancer(redis_client)
+    balancer.add_backend(backend_id="a", url="http://a")
+    assert len(in_use) == 1
+    del balancer
+    gc.collect()
+    assert len(in_use) == 0
 
 
 def test_balancer_expired_lease_gives_the_slot_back(redis_client):
