@@ -6,6 +6,7 @@ so the spec promises the body the API really sends (never FastAPI's ``HTTPValida
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -134,18 +135,26 @@ class BodyLimitMiddleware:
             await self._too_large(scope, receive, send)
             return
         seen = 0
+        refused = False
 
         async def counting_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, refused
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
+                refused = True
                 raise _TooLarge
             return message
 
-        try:
-            await self.app(scope, counting_receive, send)
-        except _TooLarge:
+        async def send_unless_refused(message: Message) -> None:
+            # FastAPI answers any error while reading a body (ours included) with a 400 of its own:
+            # once the body is refused, only the 413 goes out.
+            if not refused:
+                await send(message)
+
+        with contextlib.suppress(_TooLarge):
+            await self.app(scope, counting_receive, send_unless_refused)
+        if refused:
             await self._too_large(scope, receive, send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:

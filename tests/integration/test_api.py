@@ -120,6 +120,31 @@ def test_oversized_body_is_413(api: TestClient):
     assert_error(api.post("/v1/batches", json=body, headers=AUTH), 413, "body_too_large", says="split the batch")
 
 
+def test_oversized_body_sent_without_a_length_is_413(api: TestClient):
+    def chunks() -> Iterator[bytes]:
+        yield b'{"tasks": [{"type": "echo", "config": {"text": "'
+        for _ in range(70):
+            yield b"x" * 1024
+        yield b'"}}]}'
+
+    response = api.post("/v1/batches", content=chunks(), headers={**AUTH, "content-type": "application/json"})
+    assert_error(response, 413, "body_too_large", says="split the batch")
+
+
+def test_too_many_tasks_in_one_batch_is_a_422_naming_tasks(tmp_path: Path, pg_url: str, redis_url: str, redis_client):
+    settings = Settings(
+        data_dir=tmp_path,
+        database={"url": pg_url},
+        redis={"url": redis_url},
+        api={"token": TOKEN, "max_tasks_per_batch": 2},
+    )
+    body = {"tasks": [{"type": "echo", "config": {"text": f"t{i}"}} for i in range(3)]}
+    with TestClient(create_app(settings)) as client:
+        response = client.post("/v1/batches", json=body, headers=AUTH)
+    assert_error(response, 422, "invalid_spec", field="tasks", says="exceed the limit of 2")
+    assert redis_client.llen("init") == 0
+
+
 def test_the_client_raises_the_farm_error_of_each_answer(api: TestClient):
     """``except NotFound`` works on the trainer's side of the wire, as it does on the server's."""
 
@@ -156,11 +181,12 @@ def test_job_without_trajectory_says_why(api: TestClient):
     assert_error(response, 404, "not_found", says="has no trajectory (state queued)")
 
 
-def test_idempotent_resubmit_returns_the_same_batch(api: TestClient):
+def test_idempotent_resubmit_returns_the_same_batch(api: TestClient, redis_client):
     headers = {**AUTH, "Idempotency-Key": "step-42"}
     first = api.post("/v1/batches", json=echo_batch(group_size=3), headers=headers)
     again = api.post("/v1/batches", json=echo_batch(group_size=3), headers=headers)
     assert first.status_code == 201 and again.status_code == 200
+    assert redis_client.llen("init") == 3  # the batch's messages were sent once
     assert first.json()["id"] == again.json()["id"] and first.json()["job_ids"] == again.json()["job_ids"]
     assert again.json()["created"] is False
     other = api.post("/v1/batches", json=echo_batch(group_size=4), headers=headers)

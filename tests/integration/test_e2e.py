@@ -15,6 +15,7 @@ from farm.client import FarmClient, to_arrays
 from farm.constants import BatchState, JobState, Outcome, Stage, StageStatus
 from farm.db.models import Trajectory
 from farm.embedded import EmbeddedStack
+from farm.handlers.echo import EchoHandler
 from tests.integration.conftest import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -84,6 +85,22 @@ def test_infrastructure_fault_is_retried_then_succeeds(client: FarmClient):
     runs = [(s.attempt, s.status) for s in job.stages if s.stage is Stage.RUN]
     assert runs == [(1, StageStatus.RETRY), (2, StageStatus.OK)]
     assert "simulated run failure" in next(s.error for s in job.stages if s.status is StageStatus.RETRY)
+
+
+class BuggyEchoHandler(EchoHandler):
+    """An echo whose RUN has a bug: the farm loads it by its dotted path."""
+
+    async def run(self, config, state, ctx):
+        raise KeyError("a handler bug")
+
+
+def test_handler_bug_fails_the_job_at_once_as_a_handler_error(client: FarmClient):
+    batch = client.submit([{"type": "tests.integration.test_e2e:BuggyEchoHandler", "config": {"text": "bug"}}])
+    [result] = list(client.results(batch.id, wait_s=10))
+    job = client.job(result.job.id)
+    assert job.state is JobState.FAILED and job.outcome is Outcome.HANDLER_ERROR and job.reward is None
+    assert "KeyError: 'a handler bug'" in (job.reason or "")
+    assert [s.status for s in job.stages if s.stage is Stage.RUN] == [StageStatus.ERROR]  # a bug is not retried
 
 
 def test_persistent_infrastructure_fault_fails_the_job_without_a_reward(client: FarmClient):

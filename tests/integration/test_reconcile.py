@@ -13,17 +13,19 @@ from sqlalchemy import create_engine, func, select, update
 
 from farm.client import FarmClient
 from farm.config import Settings
-from farm.constants import JobState, Outcome, epoch_key
-from farm.db import queries
+from farm.constants import JobState, Outcome, Stage, epoch_key
+from farm.db import nodes, queries
 from farm.db.base import utcnow
-from farm.db.models import Job, Teardown, Trajectory
+from farm.db.jobs import claims, lifecycle
+from farm.db.models import Job, Node, Teardown, Trajectory
 from farm.db.session import transaction
 from farm.embedded import EmbeddedStack
 from farm.schemas import BatchCreate
 from farm.worker.app import make_celery_app
-from farm.worker.enqueue import send_init_many
+from farm.worker.enqueue import send_init_many, send_stage
 from farm.worker.queues import waiting_jobs
 from farm.worker.reconciler import Reconciler
+from farm.worker.sweeper import sweep_once
 from tests.integration.conftest import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -86,6 +88,62 @@ def test_an_emptied_redis_is_noticed_once_and_everything_owed_is_sent_again(reco
     assert reconciler.resend(everything=True) == 4 and waiting_jobs(redis_client, "init") == set(job_ids)
     redis_client.flushdb()
     assert redis_client.get(epoch_key()) is None and reconciler.redis_was_emptied() is True
+
+
+def _claim_init(reconciler: Reconciler, job_id: int, *, node: str, at) -> None:
+    with reconciler._rt.engine.begin() as conn:
+        claim = claims.claim_stage(
+            conn, job_id=job_id, stage=Stage.INIT, node=node, worker=f"w@{node}", now=at, lease_s=30.0, max_attempts=3
+        )
+    assert claim.skip is None
+
+
+def test_sweep_sends_a_stage_again_only_a_whole_lease_after_its_lease_lapsed(reconciler, redis_client):
+    late, stalled = _batch(reconciler, 2)
+    now = utcnow()
+    # Given 30 s leases, one that lapsed 15 s ago (its renewer is merely late) and one 45 s ago,
+    _claim_init(reconciler, late, node="n1", at=now - timedelta(seconds=45))
+    _claim_init(reconciler, stalled, node="n1", at=now - timedelta(seconds=75))
+    # the sweep sends only the second stage again.
+    assert sweep_once(reconciler._rt, reconciler._app) == 1
+    assert waiting_jobs(redis_client, "init") == {stalled}
+
+
+def test_lost_nodes_are_judged_only_by_a_node_that_reported_throughout_the_bound(reconciler, redis_client):
+    (job_id,) = _batch(reconciler, 1)
+    now = utcnow()
+    long_ago = now - 2 * timedelta(seconds=reconciler._rt.settings.worker.node_lost_s)
+    # Given a job on a node silent for longer than node_lost_s,
+    _claim_init(reconciler, job_id, node="gone", at=long_ago)
+    with reconciler._rt.engine.begin() as conn:
+        nodes.heartbeat(conn, "gone", now=long_ago, gap_since=long_ago)
+    # a process whose own node has not reported (the database was away, say) judges no node lost,
+    assert reconciler.hand_on_lost_nodes() == 0
+    # nor does one whose node has reported for less than node_lost_s;
+    reconciler.heartbeat()
+    assert reconciler.hand_on_lost_nodes() == 0
+    # one whose node has reported throughout starts the silent node's job over from INIT.
+    with reconciler._rt.engine.begin() as conn:
+        conn.execute(update(Node).where(Node.name == "recon").values(beating_since=long_ago))
+    reconciler.heartbeat()
+    assert reconciler.hand_on_lost_nodes() == 1
+    assert waiting_jobs(redis_client, "init") == {job_id}
+
+
+def test_an_owed_teardown_is_sent_again_only_when_no_message_for_it_waits(reconciler, redis_client):
+    (job_id,) = _batch(reconciler, 1)
+    _claim_init(reconciler, job_id, node="recon", at=utcnow())
+    with reconciler._rt.engine.begin() as conn:
+        batch_id = conn.scalar(select(Job.batch_id).where(Job.id == job_id))
+        lifecycle.cancel_batch(conn, batch_id=batch_id, now=utcnow(), teardown_due=utcnow() - timedelta(seconds=1))
+    # Given the teardown's RUN message still waiting on the job's node, nothing is sent again;
+    send_stage(reconciler._app, job_id=job_id, stage=Stage.RUN, node="recon", task_id=None)
+    assert reconciler.resend() == 0 and redis_client.llen("run.recon") == 1
+    # once it is lost, it is.
+    redis_client.delete("run.recon")
+    with reconciler._rt.engine.begin() as conn:
+        conn.execute(update(Teardown).values(due_at=utcnow() - timedelta(seconds=1)))
+    assert reconciler.resend() == 1 and waiting_jobs(redis_client, "run.recon") == {job_id}
 
 
 def _assert_each_job_ended_once(client: FarmClient, batch_id: int, job_ids: list[int], database_url: str) -> None:

@@ -114,6 +114,19 @@ def test_context_budget_is_context_overflow(tiny_tokenizer: Any) -> None:
     assert len(episode.trajectory.token_ids) <= 300
 
 
+def test_a_conversation_that_fills_the_context_ends_before_the_model_is_called(tiny_tokenizer: Any) -> None:
+    full = len(TrajectoryBuilder(tokenizer=tiny_tokenizer, messages=[{"role": "user", "content": "go"}]).prompt_ids)
+    episode, llm = _episode(tiny_tokenizer, ["unused"], budgets=Budgets(max_turns=5, max_context_tokens=full))
+    assert episode.outcome is Outcome.CONTEXT_OVERFLOW and llm.prompts == []
+
+
+def test_a_reply_cut_by_the_token_budget_far_from_the_context_end_is_no_overflow(tiny_tokenizer: Any) -> None:
+    loop = [format_call("echo", {"text": "again"})]
+    budgets = Budgets(max_turns=50, max_tokens=60, max_context_tokens=4000)
+    episode, _ = _episode(tiny_tokenizer, loop, budgets=budgets)
+    assert episode.outcome is Outcome.AGENT_ERROR and "60 tokens" in (episode.reason or "")
+
+
 class RefusingLLM(ScriptedLLM):
     def __init__(self, tokenizer: Any, error: Exception) -> None:
         super().__init__(tokenizer, ["unused"])
@@ -132,7 +145,9 @@ def test_backend_context_refusal_is_context_overflow_other_errors_raise(tiny_tok
     with pytest.raises(UpstreamTimeout):
         _episode(tiny_tokenizer, [], llm=RefusingLLM(tiny_tokenizer, UpstreamTimeout("slow")))
     with pytest.raises(UpstreamStatusError):
-        _episode(tiny_tokenizer, [], llm=RefusingLLM(tiny_tokenizer, UpstreamStatusError("boom", status=500)))
+        # Only a 400 is a refusal of the prompt, whatever the text of another status says.
+        boom = UpstreamStatusError("LLM backend answered 500: context length cache lost", status=500)
+        _episode(tiny_tokenizer, [], llm=RefusingLLM(tiny_tokenizer, boom))
 
 
 class SlowLLM(ScriptedLLM):
@@ -147,11 +162,11 @@ def test_wall_clock_budget_is_agent_timeout(tiny_tokenizer: Any) -> None:
     assert episode.outcome is Outcome.AGENT_TIMEOUT
     assert time.monotonic() - started < 4  # the model call in flight was cut off
     tools = EchoTools(delay_s=0.4)
-    by_tools, _ = _episode(
-        tiny_tokenizer, [format_call("echo", {"text": "a"})], tools=tools, deadline=time.monotonic() + 0.3
-    )
+    two_calls = format_call("echo", {"text": "a"}) + format_call("echo", {"text": "b"})
+    by_tools, _ = _episode(tiny_tokenizer, [two_calls], tools=tools, deadline=time.monotonic() + 0.3)
     assert by_tools.outcome is Outcome.AGENT_TIMEOUT
     assert tools.calls[0][2] is not None and tools.calls[0][2] <= 0.3  # the tool got the time left
+    assert [c[1]["text"] for c in tools.calls] == ["a"]  # the time ran out before the second call
 
 
 def test_cancel_stops_before_the_next_turn(tiny_tokenizer: Any) -> None:

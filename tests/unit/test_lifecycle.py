@@ -504,3 +504,115 @@ def test_finishing_completions_in_one_statement_each_take_one_finish_position(db
     assert scored == [0.5] * len(evals)
     assert status.state is BatchState.COMPLETE and status.finished_jobs == len(job_ids)
     assert history(sessions, evals[0].job_id)[-1] == (Stage.EVAL, 1, StageStatus.OK, "w1")
+
+
+def test_a_message_for_a_cancelled_job_is_skipped_with_what_its_teardown_needs(sessions):
+    # Given a job past INIT on n1 whose batch is then cancelled,
+    batch_id, (job_id, _) = make_batch(sessions)
+    complete(sessions, claim(sessions, job_id, Stage.INIT))
+    with transaction(sessions) as s:
+        lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow(), teardown_due=utcnow())
+    # when its RUN message arrives, it is skipped but names the sandbox n1 must tear down.
+    late = claim(sessions, job_id, Stage.RUN)
+    assert late.skip == "job is already cancelled"
+    assert (late.type, late.node, late.config, late.state) == ("echo", "n1", {"text": "t0"}, {"x": 1})
+
+
+def test_init_taken_over_on_another_node_moves_the_job_there(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    claim(sessions, job_id, Stage.INIT)  # on n1, which then stalls
+    later = utcnow() + timedelta(seconds=LEASE_S + 1)
+    with transaction(sessions) as s:
+        taken = claims.claim_stage(
+            s.connection(),
+            job_id=job_id,
+            stage=Stage.INIT,
+            node="n2",
+            worker="w2",
+            now=later,
+            lease_s=LEASE_S,
+            max_attempts=3,
+        )
+    assert taken.attempt == 2 and taken.node == "n2"
+    assert job(sessions, job_id).node == "n2"
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state"), [(Outcome.CANCELLED, JobState.CANCELLED), (Outcome.SANDBOX_ERROR, JobState.FAILED)]
+)
+def test_run_that_ends_with_nothing_to_score_finishes_the_job(sessions, outcome, state):
+    _, (job_id, _) = make_batch(sessions)
+    complete(sessions, claim(sessions, job_id, Stage.INIT))
+    c = claim(sessions, job_id, Stage.RUN)
+    result = RunResult(trajectory=TrajectoryData(token_ids=[5], logprobs=[0.0], loss_mask=[0]), outcome=outcome)
+    with transaction(sessions) as s:
+        done = completions.complete_stage(
+            s.connection(), c, worker="w1", now=utcnow(), owed_until=utcnow(), run_result=result
+        )
+    assert (done.finished, done.next_stage) == (state, None)
+    j = job(sessions, job_id)
+    assert (j.state, j.outcome, j.reward) == (state, outcome, None)
+
+
+def test_eval_keeps_the_outcome_the_policy_earned_in_run(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    complete(sessions, claim(sessions, job_id, Stage.INIT))
+    c = claim(sessions, job_id, Stage.RUN)
+    result = RunResult(
+        trajectory=TrajectoryData(token_ids=[5], logprobs=[0.0], loss_mask=[1]),
+        outcome=Outcome.AGENT_TIMEOUT,
+        reason="out of time",
+    )
+    with transaction(sessions) as s:
+        completions.complete_stage(s.connection(), c, worker="w1", now=utcnow(), owed_until=utcnow(), run_result=result)
+    complete(sessions, claim(sessions, job_id, Stage.EVAL))
+    j = job(sessions, job_id)
+    assert (j.state, j.outcome, j.reason, j.reward) == (JobState.DONE, Outcome.AGENT_TIMEOUT, "out of time", 0.75)
+
+
+def test_an_older_attempt_that_finishes_the_job_takes_its_finish_position(sessions):
+    # Given a worker whose EVAL lease lapsed and who then took the stage over (attempt 2),
+    batch_id, (job_id,) = make_batch(sessions, group_size=1)
+    for stage in (Stage.INIT, Stage.RUN):
+        complete(sessions, claim(sessions, job_id, stage))
+    first = claim(sessions, job_id, Stage.EVAL)
+    assert claim(sessions, job_id, Stage.EVAL, now=utcnow() + timedelta(seconds=LEASE_S + 1)).attempt == 2
+    # when attempt 1 finishes the job, the job still takes a finish position and ends the batch.
+    assert complete(sessions, first).finished is JobState.DONE
+    with sessions() as s:
+        assert s.get_one(Job, job_id).finish_seq == 1
+        assert queries.batch_status(s, batch_id).state is BatchState.COMPLETE
+
+
+def test_retry_or_failure_from_a_worker_that_no_longer_holds_the_stage_changes_nothing(sessions):
+    _, (job_id, _) = make_batch(sessions)
+    claim(sessions, job_id, Stage.INIT, worker="w1")
+    now = utcnow()
+    with transaction(sessions) as s:
+        conn = s.connection()
+        common = {"job_id": job_id, "stage": Stage.INIT, "worker": "w2", "now": now, "error": "boom"}
+        assert lifecycle.retry_stage(conn, **common, resend_until=now) is None
+        assert lifecycle.fail_stage(conn, **common, outcome=Outcome.INFRA_ERROR) is False
+    j = job(sessions, job_id)
+    assert (j.state, j.worker, j.outcome) == (JobState.INIT, "w1", None)
+
+
+def test_cancel_of_a_finished_batch_leaves_it_complete(sessions):
+    batch_id, (job_id,) = make_batch(sessions, group_size=1)
+    for stage in Stage:
+        complete(sessions, claim(sessions, job_id, stage))
+    with transaction(sessions) as s:
+        assert lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow(), teardown_due=utcnow()) == []
+    with sessions() as s:
+        assert queries.batch_status(s, batch_id).state is BatchState.COMPLETE
+
+
+def test_lease_sweep_leaves_a_completed_stage_to_the_reconciler(sessions):
+    # A completed stage keeps lease_until as the time its next stage is owed by: not a lease.
+    _, (job_id, _) = make_batch(sessions)
+    complete(sessions, claim(sessions, job_id, Stage.INIT))
+    later = utcnow() + timedelta(seconds=LEASE_S + 1)
+    with transaction(sessions) as s:
+        lapsed = lifecycle.expired_leases(s.connection(), now=later, resend_until=later)
+    assert job_id not in [j for j, _, _, _ in lapsed]
+    assert history(sessions, job_id) == [(Stage.INIT, 1, StageStatus.OK, "w1")]

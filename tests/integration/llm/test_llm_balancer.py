@@ -416,3 +416,10 @@ def test_health_checker_survives_stored_backends_it_cannot_parse(balancer, redis
     checker.run_once()
     assert checker.run_once() == {"bad-url": False, "well": True}
     assert [b.id for b in balancer.backends()] == ["bad-url", "well"]
+
+
+@pytest.mark.parametrize(("url", "capacity", "error"), [("ftp://a", 1, InvalidSpec), ("http://a", 0, ValueError)])
+def test_add_backend_refuses_a_url_that_is_not_http_and_a_capacity_below_one(balancer, url, capacity, error):
+    with pytest.raises(error):
+        balancer.add_backend(backend_id="bad", url=url, capacity=capacity)
+    assert balancer.backends() == []

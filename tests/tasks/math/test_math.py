@@ -7,7 +7,7 @@ from farm.handlers.base import validate_config
 from tasks.math import generate
 from tasks.math.dataset import DATA_PATH, MathConfig, list_problems, sample_configs
 from tasks.math.equivalence import as_fraction, symbolic_allowed
-from tasks.math.extract import extract_answer, normalize
+from tasks.math.extract import MAX_RESPONSE_CHARS, extract_answer, normalize
 from tasks.math.grader import grade
 
 
@@ -93,6 +93,26 @@ def test_grade_huge_response_is_bounded():
 def test_grade_unbalanced_boxed_falls_back_to_phrase():
     reward, info = grade(r"The answer is 5. \boxed{5", "5")
     assert reward == 1.0, info
+
+
+def test_grade_text_alone_is_the_answer():
+    reward, info = grade(r"\boxed{\text{yes}}", "yes")
+    assert reward == 1.0, info
+
+
+def test_grade_an_answer_that_normalizes_to_nothing_is_empty():
+    reward, info = grade(r"\boxed{\text{ }}", "0")
+    assert reward == 0.0 and info["reason"] == "empty answer"
+
+
+@pytest.mark.parametrize("response", ["The answer is 3 or 4.", r"\boxed{3 \text{ or } 4}", r"\boxed{3 \lor 4}"])
+def test_extract_answer_that_offers_alternatives_is_none(response):
+    # The grader would score some of these 0 anyway, for other reasons: check the rule itself.
+    assert extract_answer(response) is None
+
+
+def test_extract_answer_reads_only_the_end_of_a_huge_response():
+    assert extract_answer(r"\boxed{4}" + " " * MAX_RESPONSE_CHARS) is None
 
 
 def test_extract_answer_phrase_keeps_decimal_point():

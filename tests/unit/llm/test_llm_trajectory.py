@@ -99,3 +99,34 @@ def test_trajectory_rejects_two_model_turns_in_a_row(tiny_tokenizer):
     builder.add_completion(completion(tiny_tokenizer, "a"))
     with pytest.raises(ValueError, match="add_messages"):
         builder.add_completion(completion(tiny_tokenizer, "b"))
+
+
+def test_trajectory_rejects_new_messages_before_the_first_model_turn(tiny_tokenizer):
+    builder = TrajectoryBuilder(tokenizer=tiny_tokenizer, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(ValueError, match="needs a model turn before it"):
+        builder.add_messages([{"role": "user", "content": "more"}])
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        # the last user message is rendered differently once a reply follows it
+        ("(message['content'] or '') + ('!' if loop.last and message['role'] == 'user' else '')", "reply is added"),
+        # an earlier reply is rendered differently (as templates that drop old reasoning do)
+        (
+            "(message['content'] or '') if loop.last or message['role'] != 'assistant' else 'old'",
+            "new messages are added",
+        ),
+    ],
+)
+def test_trajectory_fork_names_what_the_template_rendered_differently(tiny_tokenizer, content, reason):
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("message['content'] or ''", content)
+    builder = TrajectoryBuilder(tokenizer=tokenizer, messages=[{"role": "user", "content": "hi"}])
+    builder.add_completion(completion(tokenizer, "done"))
+    builder.add_messages([{"role": "user", "content": "next"}])
+    traj = builder.build()
+    assert [fork.reason for fork in traj.forks] == [
+        f"the template renders the earlier turns differently once the {reason}"
+    ]
+    assert traj.token_ids == rendered(tokenizer, builder.messages)

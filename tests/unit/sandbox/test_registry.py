@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 import time
@@ -12,7 +14,7 @@ from farm.errors import ConfigError
 from farm.sandbox import create_sandbox, driver_class
 from farm.sandbox.base import Limits, SandboxSpec
 from farm.sandbox.procs import ProcRef
-from farm.sandbox.registry import Registry, SandboxRecord
+from farm.sandbox.registry import Registry, SandboxRecord, remove_tree
 from farm.sandbox.server_sandbox import resolved_limits
 
 
@@ -75,6 +77,39 @@ def test_reaper_removes_sandbox_past_its_wall_time(tmp_path) -> None:
     assert me is not None
     registry.save(_record(tmp_path, me, [], deadline=time.time() - 1))
     assert registry.reap() == ["sb1"]
+
+
+def test_reaper_leaves_a_sandbox_that_is_being_closed(tmp_path) -> None:
+    registry = Registry(root=tmp_path)
+    registry.save(_record(tmp_path, _dead_pid(), []))
+    with registry.locked("sb1") as got:  # close() holds the lock while it tears the sandbox down
+        assert got
+        assert registry.reap() == []
+        assert registry.load("sb1") is not None
+    assert registry.reap() == ["sb1"]
+
+
+def test_remove_tree_never_chmods_a_host_file_through_a_symlink(tmp_path, monkeypatch) -> None:
+    # Given a sandbox tree holding a link to a host file, whose unlink fails once (an unwritable dir),
+    host = tmp_path / "host.txt"
+    host.write_text("secret")
+    host.chmod(0o644)
+    tree = tmp_path / "sb"
+    tree.mkdir()
+    (tree / "link").symlink_to(host)
+    real_unlink, refused = os.unlink, []
+
+    def unlink_refusing_once(path, *args, **kwargs):
+        if os.fspath(path).endswith("link") and not refused:
+            refused.append(path)
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink_refusing_once)
+    # when the tree is removed, the retry does not make the host file the link points at 0700.
+    remove_tree(tree)
+    assert refused and not tree.exists()
+    assert stat.S_IMODE(host.stat().st_mode) == 0o644
 
 
 def test_reaper_never_signals_a_reused_pid(tmp_path) -> None:
