@@ -547,7 +547,12 @@ def test_run_that_ends_with_nothing_to_score_finishes_the_job(sessions, outcome,
     result = RunResult(trajectory=TrajectoryData(token_ids=[5], logprobs=[0.0], loss_mask=[0]), outcome=outcome)
     with transaction(sessions) as s:
         done = completions.complete_stage(
-            s.connection(), c, worker="w1", now=utcnow(), owed_until=utcnow(), run_result=result
+            s.connection(),
+            c,
+            completions.StageOutput(run_result=result),
+            worker="w1",
+            now=utcnow(),
+            owed_until=utcnow(),
         )
     assert (done.finished, done.next_stage) == (state, None)
     j = job(sessions, job_id)
@@ -564,7 +569,14 @@ def test_eval_keeps_the_outcome_the_policy_earned_in_run(sessions):
         reason="out of time",
     )
     with transaction(sessions) as s:
-        completions.complete_stage(s.connection(), c, worker="w1", now=utcnow(), owed_until=utcnow(), run_result=result)
+        completions.complete_stage(
+            s.connection(),
+            c,
+            completions.StageOutput(run_result=result),
+            worker="w1",
+            now=utcnow(),
+            owed_until=utcnow(),
+        )
     complete(sessions, claim(sessions, job_id, Stage.EVAL))
     j = job(sessions, job_id)
     assert (j.state, j.outcome, j.reason, j.reward) == (JobState.DONE, Outcome.AGENT_TIMEOUT, "out of time", 0.75)
