@@ -16,6 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
 import httpx
+import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel
 
 from farm.constants import BatchState
@@ -122,17 +124,17 @@ def _plan_ahead(page: ResultsPage, page_size: int, ahead: list[int]) -> tuple[bo
     return valid, cursors
 
 
-def _binary_page(body: bytes) -> ResultsPage:
+def _binary_page(body: bytes | memoryview) -> ResultsPage:
     """A binary results page (layout: README, "Binary results pages"); arrays stay views of ``body``.
 
     Raises:
         ApiError: the body is not a binary results page.
     """
     if body[: len(RESULTS_MAGIC)] != RESULTS_MAGIC or len(body) < len(RESULTS_MAGIC) + 4:
-        raise ApiError(200, "bad_page", f"not a binary results page (starts {body[:8]!r})")
+        raise ApiError(200, "bad_page", f"not a binary results page (starts {bytes(body[:8])!r})")
     start = len(RESULTS_MAGIC) + 4
     (length,) = struct.unpack_from("<I", body, len(RESULTS_MAGIC))
-    header = json.loads(body[start : start + length])
+    header = json.loads(bytes(body[start : start + length]))
     data = memoryview(body)[start + length :]
     arrays: list[list[RawArray]] = []
     for item in header["items"]:
@@ -157,12 +159,49 @@ def _binary_page(body: bytes) -> ResultsPage:
     return page
 
 
+def _is_binary(response: httpx.Response) -> bool:
+    content_type: str = response.headers.get("content-type", "")
+    return content_type.split(";")[0].strip() == RESULTS_MEDIA_TYPE
+
+
 def _results_page(response: httpx.Response) -> ResultsPage:
-    """A results page as the server chose to send it: binary or JSON."""
+    """A results page as the server chose to send it: binary or JSON (the body read already)."""
     _check(response)
-    if response.headers.get("content-type", "").split(";")[0].strip() == RESULTS_MEDIA_TYPE:
+    if _is_binary(response):
         return _binary_page(response.content)
     return ResultsPage.model_validate_json(response.content)
+
+
+def _body_buffer(response: httpx.Response) -> npt.NDArray[np.uint8] | None:
+    """Where to read a binary page's body, not read yet: a NumPy buffer of its Content-Length.
+    NumPy asks the kernel for huge pages for large arrays, so a page of megabytes costs a few
+    page faults instead of one per 4 KB. None: read the body as httpx does (an error, JSON, or a
+    body without a plain length)."""
+    if not (response.is_success and _is_binary(response)) or "content-encoding" in response.headers:
+        return None
+    try:
+        return np.empty(int(response.headers["content-length"]), dtype=np.uint8)
+    except (KeyError, ValueError):
+        return None
+
+
+def _put(buffer: memoryview, filled: int, chunk: bytes) -> int:
+    """Copy ``chunk`` into ``buffer`` at ``filled``; returns the new fill.
+
+    Raises:
+        ApiError: the body is longer than its Content-Length.
+    """
+    end = filled + len(chunk)
+    if end > len(buffer):
+        raise ApiError(200, "bad_page", "the results page is longer than its Content-Length")
+    buffer[filled:end] = chunk
+    return end
+
+
+def _filled_page(buffer: memoryview, filled: int) -> ResultsPage:
+    if filled != len(buffer):
+        raise ApiError(200, "bad_page", f"the results page ended after {filled} of {len(buffer)} bytes")
+    return _binary_page(buffer)
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -242,10 +281,16 @@ class FarmClient:
     ) -> ResultsPage:
         """One page of the results stream (see ``results``)."""
         params, headers = _results_request(after, page_size, wait_s, encoding, trajectories)
-        response = self._http.get(
-            f"/v1/batches/{batch_id}/results", params=params, headers=headers, timeout=self._timeout_s + wait_s
-        )
-        return _results_page(response)
+        url, timeout = f"/v1/batches/{batch_id}/results", self._timeout_s + wait_s
+        with self._http.stream("GET", url, params=params, headers=headers, timeout=timeout) as response:
+            buffer = _body_buffer(response)
+            if buffer is None:
+                response.read()
+                return _results_page(response)
+            view, filled = buffer.data, 0
+            for chunk in response.iter_bytes():
+                filled = _put(view, filled, chunk)
+            return _filled_page(view, filled)
 
     def results(
         self,
@@ -377,10 +422,16 @@ class AsyncFarmClient:
         trajectories: bool = True,
     ) -> ResultsPage:
         params, headers = _results_request(after, page_size, wait_s, encoding, trajectories)
-        response = await self._http.get(
-            f"/v1/batches/{batch_id}/results", params=params, headers=headers, timeout=self._timeout_s + wait_s
-        )
-        return _results_page(response)
+        url, timeout = f"/v1/batches/{batch_id}/results", self._timeout_s + wait_s
+        async with self._http.stream("GET", url, params=params, headers=headers, timeout=timeout) as response:
+            buffer = _body_buffer(response)
+            if buffer is None:
+                await response.aread()
+                return _results_page(response)
+            view, filled = buffer.data, 0
+            async for chunk in response.aiter_bytes():
+                filled = _put(view, filled, chunk)
+            return _filled_page(view, filled)
 
     async def results(
         self,

@@ -275,3 +275,13 @@ def test_plan_ahead_speculates_only_on_full_pages_of_a_finished_batch():
     assert _plan_ahead(short, 2, []) == (False, [1])
     running = ResultsPage.model_validate(_page([_item(1), _item(2)], 2, 3, "running"))
     assert _plan_ahead(running, 2, []) == (False, [2])
+
+
+@pytest.mark.parametrize("declared", [-1, +1])
+def test_binary_page_of_another_length_than_declared_raises_api_error(declared: int):
+    body = _binary_body([], [], next_cursor=0, batch_state="running", remaining=1)
+    headers = {"content-type": RESULTS_MEDIA_TYPE, "content-length": str(len(body) + declared)}
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, content=body, headers=headers))
+    with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(ApiError) as info:
+        client.results_page(1)
+    assert info.value.code == "bad_page"
