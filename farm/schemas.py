@@ -10,11 +10,20 @@ import base64
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_serializer, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from farm.constants import BatchState, JobState, Outcome, Stage, StageStatus
 
 ArrayEncoding = Literal["b64", "json"]
+ArrayDtype = Literal["int32", "float32", "uint8"]
+
+#: the binary results page (``Accept: application/vnd.farm.results``), laid out as the README's
+#: "Binary results pages" says: MAGIC, a uint32 LE header length, the JSON header, the array bytes.
+RESULTS_MEDIA_TYPE = "application/vnd.farm.results"
+RESULTS_MAGIC = b"FRP1"
+#: every array in a binary page starts at a multiple of this many bytes from the page's start.
+RESULTS_ALIGN = 8
 
 
 def _backend_url_pattern() -> str:
@@ -139,25 +148,42 @@ class JobOut(BaseModel):
 class B64Array(BaseModel):
     """A little-endian array as base64: ~10x smaller and 50x faster to load than a JSON list."""
 
-    dtype: Literal["int32", "float32", "uint8"]
+    dtype: ArrayDtype
     b64: str
 
     @classmethod
-    def encode(cls, raw: bytes, dtype: Literal["int32", "float32", "uint8"]) -> B64Array:
+    def encode(cls, raw: bytes, dtype: ArrayDtype) -> B64Array:
         return cls(dtype=dtype, b64=base64.b64encode(raw).decode("ascii"))
+
+
+class RawArray(BaseModel):
+    """A little-endian array's bytes as a binary results page carries them. Only ``farm.client``
+    makes these (``encoding`` "binary"); no JSON answer holds one. Dumped, it is a ``B64Array``."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    dtype: ArrayDtype
+    data: memoryview
+
+    @model_serializer
+    def _as_b64(self) -> dict[str, str]:
+        return {"dtype": self.dtype, "b64": base64.b64encode(self.data).decode("ascii")}
 
 
 class TrajectoryOut(BaseModel):
     """A finished rollout, token-exact. Arrays are JSON lists or ``B64Array`` (see ``encoding``)."""
 
+    # Read by farm.client from a binary results page, the arrays are RawArray and ``encoding``
+    # is "binary": kept out of the JSON schema, since no JSON answer holds them.
+
     job_id: int
     batch_id: int
     group_id: int
-    encoding: ArrayEncoding
+    encoding: ArrayEncoding | SkipJsonSchema[Literal["binary"]]
     num_tokens: int
-    token_ids: list[int] | B64Array
-    logprobs: list[float] | B64Array = Field(description="0.0 where loss_mask is 0")
-    loss_mask: list[int] | B64Array = Field(description="1 on tokens the model sampled")
+    token_ids: list[int] | B64Array | SkipJsonSchema[RawArray]
+    logprobs: list[float] | B64Array | SkipJsonSchema[RawArray] = Field(description="0.0 where loss_mask is 0")
+    loss_mask: list[int] | B64Array | SkipJsonSchema[RawArray] = Field(description="1 on tokens the model sampled")
     turn_offsets: list[int] = Field(description="start offset of each turn in token_ids")
     reward: float | None
     metrics: dict[str, float]

@@ -69,6 +69,9 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
         if app.openapi_schema is None:
             spec = base()
             task_spec_schema(spec, settings)
+            # FastAPI lists every model a field's type names, even the branches it leaves out of
+            # the schema: RawArray exists only client side (see TrajectoryOut), nothing refers to it.
+            spec["components"]["schemas"].pop("RawArray", None)
             app.openapi_schema = spec
         return app.openapi_schema
 

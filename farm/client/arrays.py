@@ -10,12 +10,15 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from farm.schemas import B64Array, TrajectoryOut
+from farm.schemas import B64Array, RawArray, TrajectoryOut
 
 _DTYPES: dict[str, np.dtype[Any]] = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4"), "uint8": np.dtype("u1")}
 
 
-def _array(value: list[int] | list[float] | B64Array, dtype: str) -> npt.NDArray[np.generic]:
+def _array(value: list[int] | list[float] | B64Array | RawArray, dtype: str) -> npt.NDArray[np.generic]:
+    if isinstance(value, RawArray):
+        # A view of the binary page's bytes: no copy until to_arrays pads it.
+        return np.frombuffer(value.data, dtype=_DTYPES[value.dtype])
     if isinstance(value, B64Array):
         # binascii takes the ASCII str as it is (base64.b64decode would first copy it to bytes).
         return np.frombuffer(binascii.a2b_base64(value.b64), dtype=_DTYPES[value.dtype])

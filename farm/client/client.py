@@ -8,17 +8,24 @@ its code (``except NotFound``, ``except InvalidSpec``; see ``farm.errors.HTTP_ER
 from __future__ import annotations
 
 import asyncio
+import json
+import struct
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Literal, TypeVar
 
 import httpx
+import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel
 
 from farm.constants import BatchState
-from farm.errors import api_error
+from farm.errors import ApiError, api_error
 from farm.schemas import (
+    RESULTS_MAGIC,
+    RESULTS_MEDIA_TYPE,
     ArrayEncoding,
     BatchCreate,
     BatchCreated,
@@ -27,6 +34,7 @@ from farm.schemas import (
     Health,
     JobOut,
     JobResult,
+    RawArray,
     ResultsPage,
     SamplingParams,
     TaskSet,
@@ -39,6 +47,16 @@ DEFAULT_TIMEOUT_S = 30.0
 #: how long one results long-poll is held by the server.
 DEFAULT_WAIT_S = 20.0
 DEFAULT_PAGE_SIZE = 100
+#: pages of a finished batch requested ahead of the one the caller reads (see ``_plan_ahead``).
+PREFETCH_PAGES = 3
+
+#: how results pages carry arrays: "binary" asks for the binary page (raw bytes, the fastest;
+#: a server that answers JSON instead is read as b64), "b64" and "json" for JSON pages.
+ResultsEncoding = Literal["binary", "b64", "json"]
+#: what a binary-page request accepts: the binary page, else JSON.
+_BINARY_ACCEPT = f"{RESULTS_MEDIA_TYPE}, application/json;q=0.5"
+_ITEMSIZE = {"int32": 4, "float32": 4, "uint8": 1}
+_ARRAY_FIELDS = ("token_ids", "logprobs", "loss_mask")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -74,10 +92,118 @@ def _parse(model: type[M], response: httpx.Response) -> M:
     return model.model_validate_json(_check(response).content)
 
 
-def _results_params(
-    after: int, page_size: int, wait_s: float, encoding: ArrayEncoding, trajectories: bool
-) -> dict[str, Any]:
-    return {"after": after, "limit": page_size, "wait_s": wait_s, "encoding": encoding, "trajectories": trajectories}
+def _results_request(
+    after: int, page_size: int, wait_s: float, encoding: ResultsEncoding, trajectories: bool
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Query parameters and headers of a results page request."""
+    params = {
+        "after": after,
+        "limit": page_size,
+        "wait_s": wait_s,
+        "encoding": "b64" if encoding == "binary" else encoding,
+        "trajectories": trajectories,
+    }
+    return params, {"Accept": _BINARY_ACCEPT} if encoding == "binary" else {}
+
+
+def _plan_ahead(page: ResultsPage, page_size: int, ahead: list[int]) -> tuple[bool, list[int]]:
+    """After reading ``page``: whether the pages already requested (their cursors, in order) are
+    still the right ones, and the cursors to request now.
+
+    The next page is always in flight. A finished batch's finish positions are all taken and
+    dense (1..total), so after a full page the ones after it are known too: up to
+    ``PREFETCH_PAGES`` of them are requested at once, and the server reads one from the database
+    while it sends another. A running batch's pages are requested one at a time (a long-poll
+    decides what each holds)."""
+    valid = bool(ahead) and ahead[0] == page.next_cursor
+    kept = ahead if valid else []
+    cursors = [] if kept else [page.next_cursor]
+    last = (kept or cursors)[-1]
+    if page.batch_state is not BatchState.RUNNING and len(page.items) == page_size:
+        while len(kept) + len(cursors) < PREFETCH_PAGES:
+            last += page_size
+            cursors.append(last)
+    return valid, cursors
+
+
+def _binary_page(body: bytes | memoryview) -> ResultsPage:
+    """A binary results page (layout: README, "Binary results pages"); arrays stay views of ``body``.
+
+    Raises:
+        ApiError: the body is not a binary results page.
+    """
+    if body[: len(RESULTS_MAGIC)] != RESULTS_MAGIC or len(body) < len(RESULTS_MAGIC) + 4:
+        raise ApiError(200, "bad_page", f"not a binary results page (starts {bytes(body[:8])!r})")
+    start = len(RESULTS_MAGIC) + 4
+    (length,) = struct.unpack_from("<I", body, len(RESULTS_MAGIC))
+    header = json.loads(bytes(body[start : start + length]))
+    data = memoryview(body)[start + length :]
+    arrays: list[list[RawArray]] = []
+    for item in header["items"]:
+        traj = item.get("trajectory")
+        if traj is None:
+            continue
+        views = []
+        for name in _ARRAY_FIELDS:
+            ref = traj[name]
+            end = ref["offset"] + ref["length"] * _ITEMSIZE[ref["dtype"]]
+            if end > len(data):
+                raise ApiError(200, "bad_page", f"job {traj['job_id']}'s {name} runs past the page's end")
+            views.append(RawArray(dtype=ref["dtype"], data=data[ref["offset"] : end]))
+            # Validated as an empty list, then set: a RawArray in the union costs pydantic more
+            # (it tries the other branches first) than the rest of the page.
+            traj[name] = []
+        arrays.append(views)
+    page = ResultsPage.model_validate(header)
+    trajs = [item.trajectory for item in page.items if item.trajectory is not None]
+    for out, views in zip(trajs, arrays, strict=True):
+        out.token_ids, out.logprobs, out.loss_mask = views
+    return page
+
+
+def _is_binary(response: httpx.Response) -> bool:
+    content_type: str = response.headers.get("content-type", "")
+    return content_type.split(";")[0].strip() == RESULTS_MEDIA_TYPE
+
+
+def _results_page(response: httpx.Response) -> ResultsPage:
+    """A results page as the server chose to send it: binary or JSON (the body read already)."""
+    _check(response)
+    if _is_binary(response):
+        return _binary_page(response.content)
+    return ResultsPage.model_validate_json(response.content)
+
+
+def _body_buffer(response: httpx.Response) -> npt.NDArray[np.uint8] | None:
+    """Where to read a binary page's body, not read yet: a NumPy buffer of its Content-Length.
+    NumPy asks the kernel for huge pages for large arrays, so a page of megabytes costs a few
+    page faults instead of one per 4 KB. None: read the body as httpx does (an error, JSON, or a
+    body without a plain length)."""
+    if not (response.is_success and _is_binary(response)) or "content-encoding" in response.headers:
+        return None
+    try:
+        return np.empty(int(response.headers["content-length"]), dtype=np.uint8)
+    except (KeyError, ValueError):
+        return None
+
+
+def _put(buffer: memoryview, filled: int, chunk: bytes) -> int:
+    """Copy ``chunk`` into ``buffer`` at ``filled``; returns the new fill.
+
+    Raises:
+        ApiError: the body is longer than its Content-Length.
+    """
+    end = filled + len(chunk)
+    if end > len(buffer):
+        raise ApiError(200, "bad_page", "the results page is longer than its Content-Length")
+    buffer[filled:end] = chunk
+    return end
+
+
+def _filled_page(buffer: memoryview, filled: int) -> ResultsPage:
+    if filled != len(buffer):
+        raise ApiError(200, "bad_page", f"the results page ended after {filled} of {len(buffer)} bytes")
+    return _binary_page(buffer)
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -152,12 +278,21 @@ class FarmClient:
         after: int = 0,
         page_size: int = DEFAULT_PAGE_SIZE,
         wait_s: float = 0,
-        encoding: ArrayEncoding = "b64",
+        encoding: ResultsEncoding = "binary",
         trajectories: bool = True,
     ) -> ResultsPage:
-        params = _results_params(after, page_size, wait_s, encoding, trajectories)
-        response = self._http.get(f"/v1/batches/{batch_id}/results", params=params, timeout=self._timeout_s + wait_s)
-        return _parse(ResultsPage, response)
+        """One page of the results stream (see ``results``)."""
+        params, headers = _results_request(after, page_size, wait_s, encoding, trajectories)
+        url, timeout = f"/v1/batches/{batch_id}/results", self._timeout_s + wait_s
+        with self._http.stream("GET", url, params=params, headers=headers, timeout=timeout) as response:
+            buffer = _body_buffer(response)
+            if buffer is None:
+                response.read()
+                return _results_page(response)
+            view, filled = buffer.data, 0
+            for chunk in response.iter_bytes():
+                filled = _put(view, filled, chunk)
+            return _filled_page(view, filled)
 
     def results(
         self,
@@ -166,13 +301,15 @@ class FarmClient:
         after: int = 0,
         page_size: int = DEFAULT_PAGE_SIZE,
         wait_s: float = DEFAULT_WAIT_S,
-        encoding: ArrayEncoding = "b64",
+        encoding: ResultsEncoding = "binary",
         trajectories: bool = True,
     ) -> Iterator[JobResult]:
         """Yield every finished job as it finishes (done, failed or cancelled), until none is left.
 
         The next page is requested while the caller works on the current one, so reading a
-        large finished batch overlaps the server's work with the trainer's.
+        large finished batch overlaps the server's work with the trainer's. ``encoding``
+        "binary" (the default) reads each trajectory's arrays as raw bytes (``RawArray``,
+        views of the page: ``to_arrays`` takes them as they are).
         """
 
         def fetch(cursor: int) -> ResultsPage:
@@ -185,16 +322,25 @@ class FarmClient:
                 trajectories=trajectories,
             )
 
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="farm-results")
+        pool = ThreadPoolExecutor(max_workers=PREFETCH_PAGES, thread_name_prefix="farm-results")
+        ahead: deque[tuple[int, Future[ResultsPage]]] = deque()
+        ended = False
         try:
             page = fetch(after)
             while page.items or (page.remaining > 0 and page.batch_state is BatchState.RUNNING):
-                upcoming = pool.submit(fetch, page.next_cursor)
+                valid, cursors = _plan_ahead(page, page_size, [cursor for cursor, _ in ahead])
+                if not valid:
+                    for _, future in ahead:
+                        future.cancel()
+                    ahead.clear()
+                ahead.extend((cursor, pool.submit(fetch, cursor)) for cursor in cursors)
                 yield from page.items
-                page = upcoming.result()
+                page = ahead.popleft()[1].result()
+            ended = True
         finally:
-            # A caller that stops early must not wait for a long-poll in flight.
-            pool.shutdown(wait=False, cancel_futures=True)
+            # A caller that stops early must not wait for a long-poll in flight. At the end, only
+            # requests past the end of a finished batch can be in flight, and they answer at once.
+            pool.shutdown(wait=ended, cancel_futures=True)
 
     def wait(self, batch_id: int, *, timeout_s: float | None = None, poll_s: float = 0.5) -> BatchStatus:
         """Block until the batch is complete or cancelled; TimeoutError after ``timeout_s``."""
@@ -274,14 +420,20 @@ class AsyncFarmClient:
         after: int = 0,
         page_size: int = DEFAULT_PAGE_SIZE,
         wait_s: float = 0,
-        encoding: ArrayEncoding = "b64",
+        encoding: ResultsEncoding = "binary",
         trajectories: bool = True,
     ) -> ResultsPage:
-        params = _results_params(after, page_size, wait_s, encoding, trajectories)
-        response = await self._http.get(
-            f"/v1/batches/{batch_id}/results", params=params, timeout=self._timeout_s + wait_s
-        )
-        return _parse(ResultsPage, response)
+        params, headers = _results_request(after, page_size, wait_s, encoding, trajectories)
+        url, timeout = f"/v1/batches/{batch_id}/results", self._timeout_s + wait_s
+        async with self._http.stream("GET", url, params=params, headers=headers, timeout=timeout) as response:
+            buffer = _body_buffer(response)
+            if buffer is None:
+                await response.aread()
+                return _results_page(response)
+            view, filled = buffer.data, 0
+            async for chunk in response.aiter_bytes():
+                filled = _put(view, filled, chunk)
+            return _filled_page(view, filled)
 
     async def results(
         self,
@@ -290,24 +442,42 @@ class AsyncFarmClient:
         after: int = 0,
         page_size: int = DEFAULT_PAGE_SIZE,
         wait_s: float = DEFAULT_WAIT_S,
-        encoding: ArrayEncoding = "b64",
+        encoding: ResultsEncoding = "binary",
         trajectories: bool = True,
     ) -> AsyncIterator[JobResult]:
-        cursor = after
-        while True:
-            page = await self.results_page(
-                batch_id,
-                after=cursor,
-                page_size=page_size,
-                wait_s=wait_s,
-                encoding=encoding,
-                trajectories=trajectories,
+        """See ``FarmClient.results``: the next page is requested while the caller works on this one."""
+
+        def fetch(cursor: int) -> asyncio.Task[ResultsPage]:
+            return asyncio.create_task(
+                self.results_page(
+                    batch_id,
+                    after=cursor,
+                    page_size=page_size,
+                    wait_s=wait_s,
+                    encoding=encoding,
+                    trajectories=trajectories,
+                )
             )
-            for item in page.items:
-                yield item
-            cursor = page.next_cursor
-            if not page.items and (page.remaining == 0 or page.batch_state is not BatchState.RUNNING):
-                return
+
+        ahead: deque[tuple[int, asyncio.Task[ResultsPage]]] = deque()
+        try:
+            page = await self.results_page(
+                batch_id, after=after, page_size=page_size, wait_s=wait_s, encoding=encoding, trajectories=trajectories
+            )
+            while page.items or (page.remaining > 0 and page.batch_state is BatchState.RUNNING):
+                valid, cursors = _plan_ahead(page, page_size, [cursor for cursor, _ in ahead])
+                if not valid:
+                    for _, task in ahead:
+                        task.cancel()
+                    ahead.clear()
+                ahead.extend((cursor, fetch(cursor)) for cursor in cursors)
+                for item in page.items:
+                    yield item
+                page = await ahead.popleft()[1]
+        finally:
+            # A caller that stops early must not leave a long-poll running.
+            for _, task in ahead:
+                task.cancel()
 
     async def wait(self, batch_id: int, *, timeout_s: float | None = None, poll_s: float = 0.5) -> BatchStatus:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

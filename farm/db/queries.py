@@ -273,10 +273,11 @@ def get_trajectory(session: Session, job_id: int, encoding: ArrayEncoding) -> Tr
     return trajectory_out(traj, job, encoding)
 
 
-def results_page(
-    session: Session, batch_id: int, *, after: int, limit: int, encoding: ArrayEncoding, trajectories: bool
-) -> ResultsPage:
-    """Finished jobs of a batch in finish order, after cursor ``after``."""
+def results_rows(
+    session: Session, batch_id: int, *, after: int, limit: int, trajectories: bool
+) -> tuple[Batch, list[Job], dict[int, Any]]:
+    """The batch, its finished jobs after cursor ``after`` in finish order, and the trajectory
+    rows of the done ones by job id (none unless ``trajectories``)."""
     batch = get_batch(session, batch_id)
     jobs = list(
         session.scalars(
@@ -288,6 +289,14 @@ def results_page(
         done = [j.id for j in jobs if j.state is JobState.DONE]
         if done:
             trajs = load_trajectories(session, done)
+    return batch, jobs, trajs
+
+
+def results_page(
+    session: Session, batch_id: int, *, after: int, limit: int, encoding: ArrayEncoding, trajectories: bool
+) -> ResultsPage:
+    """Finished jobs of a batch in finish order, after cursor ``after``."""
+    batch, jobs, trajs = results_rows(session, batch_id, after=after, limit=limit, trajectories=trajectories)
     items = [
         JobResult(
             seq=job.finish_seq or 0,

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
+import time
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from farm.client import (
@@ -20,8 +23,11 @@ from farm.client import (
     Unauthorized,
     Unavailable,
     UpstreamError,
+    to_arrays,
 )
+from farm.client.client import PREFETCH_PAGES, _plan_ahead
 from farm.errors import HandlerNotFound
+from farm.schemas import RESULTS_MEDIA_TYPE, ResultsPage
 
 
 def test_submit_sends_bearer_token_body_and_idempotency_key():
@@ -181,3 +187,142 @@ def test_tasks_asks_for_one_family_or_all_and_parses_them():
         client.tasks()
     assert family.type == "math" and family.tasks[0].config == {"problem_id": "p1"}
     assert seen == ["http://farm/v1/tasks?type=math", "http://farm/v1/tasks"]
+
+
+def _binary_body(items: list[dict], arrays: list[tuple[list[int], list[float], list[int]]], **page) -> bytes:
+    """A binary results page built by hand from the README's layout (as a non-Python client reads it)."""
+    data = bytearray()
+    trajs = iter(arrays)
+    for item in items:
+        if item["trajectory"] is None:
+            continue
+        ids, logprobs, mask = next(trajs)
+        for name, values, dtype in (
+            ("token_ids", ids, "<i4"),
+            ("logprobs", logprobs, "<f4"),
+            ("loss_mask", mask, "u1"),
+        ):
+            data += bytes(-len(data) % 8)
+            item["trajectory"][name] = {"dtype": np.dtype(dtype).name, "offset": len(data), "length": len(values)}
+            data += np.asarray(values, dtype).tobytes()
+    header = json.dumps({"items": items, **page}).encode()
+    header += b" " * (-(8 + len(header)) % 8)
+    return b"FRP1" + struct.pack("<I", len(header)) + header + bytes(data)
+
+
+def _with_trajectory(seq: int, n: int) -> dict:
+    item = _item(seq)
+    item["trajectory"] = {
+        "job_id": seq,
+        "batch_id": 1,
+        "group_id": 1,
+        "encoding": "binary",
+        "num_tokens": n,
+        "turn_offsets": [0],
+        "reward": 0.5,
+        "metrics": {},
+        "timings": {},
+        "info": {},
+    }
+    return item
+
+
+def test_async_client_reads_binary_pages_into_arrays():
+    import asyncio
+
+    arrays = [([1, 2, 3], [0.0, -0.5, -1.0], [0, 1, 1]), ([7], [-2.0], [1])]
+    body = _binary_body(
+        [_with_trajectory(1, 3), _item(2), _with_trajectory(3, 1)],
+        arrays,
+        next_cursor=3,
+        batch_state="complete",
+        remaining=0,
+    )
+    pages = iter([body, _binary_body([], [], next_cursor=3, batch_state="complete", remaining=0)])
+    accepts = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        accepts.append(request.headers["accept"])
+        return httpx.Response(200, content=next(pages), headers={"content-type": RESULTS_MEDIA_TYPE})
+
+    async def main() -> list:
+        async with AsyncFarmClient("http://farm", token="t", transport=httpx.MockTransport(handler)) as client:
+            return [r async for r in client.results(1, wait_s=0)]
+
+    results = asyncio.run(main())
+    assert [r.seq for r in results] == [1, 2, 3] and results[1].trajectory is None
+    assert all(a.startswith(RESULTS_MEDIA_TYPE) for a in accepts)
+    out = to_arrays([r.trajectory for r in results if r.trajectory])
+    assert out["input_ids"].tolist() == [[1, 2, 3], [7, 0, 0]]
+    assert out["old_logprobs"].tolist() == [[0.0, -0.5, -1.0], [-2.0, 0.0, 0.0]]
+    assert out["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"{}",
+        b"FRP2" + bytes(8),
+        _binary_body(
+            [_with_trajectory(1, 4)],
+            [([1] * 4, [0.0] * 4, [0] * 4)],
+            next_cursor=1,
+            batch_state="complete",
+            remaining=0,
+        )[:-3],
+    ],
+)
+def test_bad_binary_page_raises_api_error(body: bytes):
+    transport = httpx.MockTransport(
+        lambda r: httpx.Response(200, content=body, headers={"content-type": RESULTS_MEDIA_TYPE})
+    )
+    with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(ApiError) as info:
+        client.results_page(1)
+    assert info.value.code == "bad_page"
+
+
+def test_results_requests_pages_of_a_finished_batch_ahead():
+    # Given a finished batch of 5 results, read 2 at a time
+    afters: list[int] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        after, limit = int(request.url.params["after"]), int(request.url.params["limit"])
+        afters.append(after)
+        seqs = range(after + 1, min(after + limit, 5) + 1)
+        return httpx.Response(200, json=_page([_item(s) for s in seqs], seqs[-1] if seqs else after, 0, "complete"))
+
+    with FarmClient("http://farm", token="t", transport=httpx.MockTransport(handler)) as client:
+        results = client.results(1, wait_s=0, page_size=2)
+        # When the caller holds the first result, the pages after it are asked for already
+        first = next(results)
+        deadline = time.monotonic() + 5
+        while len(afters) < 1 + PREFETCH_PAGES and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(afters[1:]) == [2, 4, 6][:PREFETCH_PAGES]
+        rest = list(results)
+    # Then every result comes once, in order; the guess past the short page is asked again
+    assert [first.seq] + [r.seq for r in rest] == [1, 2, 3, 4, 5]
+    assert {0, 2, 4, 5} <= set(afters) <= {0, 2, 4, 5, 6, 8}
+
+
+def test_plan_ahead_speculates_only_on_full_pages_of_a_finished_batch():
+    full = ResultsPage.model_validate(_page([_item(1), _item(2)], 2, 0, "complete"))
+    assert _plan_ahead(full, 2, []) == (False, [2, 4, 6][:PREFETCH_PAGES])
+    assert _plan_ahead(full, 2, [2, 4]) == (True, [6][: PREFETCH_PAGES - 2])
+    # A page that is not where the requested ones assumed: those are dropped and asked again.
+    assert _plan_ahead(full, 2, [3, 5]) == (False, [2, 4, 6][:PREFETCH_PAGES])
+    short = ResultsPage.model_validate(_page([_item(1)], 1, 0, "complete"))
+    assert _plan_ahead(short, 2, []) == (False, [1])
+    running = ResultsPage.model_validate(_page([_item(1), _item(2)], 2, 3, "running"))
+    assert _plan_ahead(running, 2, []) == (False, [2])
+
+
+@pytest.mark.parametrize("declared", [-1, +1])
+def test_binary_page_of_another_length_than_declared_raises_api_error(declared: int):
+    body = _binary_body([], [], next_cursor=0, batch_state="running", remaining=1)
+    headers = {"content-type": RESULTS_MEDIA_TYPE, "content-length": str(len(body) + declared)}
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, content=body, headers=headers))
+    with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(ApiError) as info:
+        client.results_page(1)
+    assert info.value.code == "bad_page"

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
+from farm.api.binary import binary_page, wants_binary
 from farm.api.deps import DB, AppState, BatchId, State
 from farm.api.errors import error_responses
 from farm.constants import BatchState, batch_cancel_key, batch_events_channel
@@ -22,7 +26,7 @@ from farm.db.session import transaction
 from farm.errors import ConfigError, HandlerNotFound, InvalidSpec
 from farm.handlers.base import validate_config
 from farm.handlers.registry import get_config_class
-from farm.schemas import ArrayEncoding, BatchCreate, BatchCreated, BatchStatus, ResultsPage
+from farm.schemas import RESULTS_MEDIA_TYPE, ArrayEncoding, BatchCreate, BatchCreated, BatchStatus, ResultsPage
 from farm.worker.enqueue import revoke, send_init_many
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -33,6 +37,12 @@ CANCEL_FLAG_TTL_S = 7 * 24 * 3600
 MAX_CURSOR = 2**31 - 1
 #: what the routes on one batch answer besides their success (401 and 503: see ``create_app``).
 ERRORS = error_responses(404, 422)
+
+#: a binary page goes out in writes of about this size: one per piece costs the event loop
+#: more than the copy, one for the page is a buffer of megabytes.
+SEND_CHUNK_BYTES = 1 << 20
+#: the results page depends on the Accept header (JSON or binary), so caches must key on it.
+_VARY = {"Vary": "Accept"}
 
 #: OpenAPI links from a submitted batch to the routes that read it, so a client generator (or the
 #: stateful phase of a fuzzer) can follow ``id`` and ``job_ids`` from the answer.
@@ -138,16 +148,46 @@ def get_batch(batch_id: BatchId, db: DB) -> BatchStatus:
     return queries.batch_status(db, batch_id)
 
 
+async def _send(pieces: list[bytes]) -> AsyncIterator[bytes]:
+    """The pieces of a binary page, joined into writes of about SEND_CHUNK_BYTES (an async
+    iterator: a plain one would cost a thread hop per write)."""
+    chunk: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        chunk.append(piece)
+        size += len(piece)
+        if size >= SEND_CHUNK_BYTES:
+            yield b"".join(chunk)
+            chunk, size = [], 0
+    if chunk:
+        yield b"".join(chunk)
+
+
+#: the binary page as the spec describes it (the JSON page is ``ResultsPage``).
+_BINARY_PAGE = {
+    "description": (
+        f"The page as JSON; or, when `Accept` names `{RESULTS_MEDIA_TYPE}` (with a q above 0 and at least the "
+        "q of JSON), binary: the same page with the arrays as raw little-endian bytes (`encoding` does not "
+        "apply). Binary layout: 4 bytes `FRP1`; H, the header's length, as a uint32 LE; H bytes of UTF-8 JSON, "
+        "the JSON page with each trajectory's `encoding` `binary` and its token_ids, logprobs and loss_mask as "
+        "{dtype, offset, length} (padded with spaces to end on a multiple of 8); then the arrays, each `offset` "
+        "bytes after the header, at multiples of 8."
+    ),
+    "content": {RESULTS_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+}
+
+
 @router.get(
     "/{batch_id}/results",
     operation_id="get_results",
     response_model=ResultsPage,
-    responses=ERRORS,
+    responses={200: _BINARY_PAGE, **ERRORS},
     summary="Finished jobs in finish order, long-polling until at least one is past the cursor",
 )
 async def get_results(
     batch_id: BatchId,
     state: State,
+    request: Request,
     after: Annotated[int, Query(ge=0, le=MAX_CURSOR, description="the last `seq` you have; 0 to start")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     wait_s: Annotated[
@@ -155,38 +195,47 @@ async def get_results(
     ] = 0,
     encoding: Annotated[ArrayEncoding, Query(description="b64: compact arrays; json: plain lists")] = "b64",
     trajectories: Annotated[bool, Query(description="include trajectories of done jobs")] = True,
-) -> ResultsPage:
+) -> Response:
     deadline = time.monotonic() + min(wait_s, state.settings.api.max_wait_s)
+    binary = wants_binary(request.headers.get("accept"))
 
-    def progress() -> tuple[BatchState, int]:
-        with state.sessions() as session:
-            batch = queries.get_batch(session, batch_id)
-            return batch.state, batch.finished_jobs
+    def read(session: Session) -> Response:
+        if binary:
+            rows = queries.results_rows(session, batch_id, after=after, limit=limit, trajectories=trajectories)
+            pieces = binary_page(*rows, after=after)
+            headers = {**_VARY, "Content-Length": str(sum(map(len, pieces)))}
+            return StreamingResponse(_send(pieces), media_type=RESULTS_MEDIA_TYPE, headers=headers)
+        page = queries.results_page(
+            session, batch_id, after=after, limit=limit, encoding=encoding, trajectories=trajectories
+        )
+        # Serialised by pydantic-core directly: pages of trajectories run to tens of MB, and
+        # FastAPI's generic path would validate and encode them again in Python.
+        return Response(page.model_dump_json(), media_type="application/json", headers=_VARY)
 
-    def read() -> ResultsPage:
+    def answer(lingered: bool) -> Response | int:
+        """The page, if it is worth sending now; else how many results are past the cursor."""
         with state.sessions() as session:
-            return queries.results_page(
-                session, batch_id, after=after, limit=limit, encoding=encoding, trajectories=trajectories
-            )
+            if time.monotonic() < deadline:
+                # Finish positions are dense (1..finished_jobs), so the batch row alone says how
+                # many results are past the cursor: no page is read until it is worth sending.
+                batch = queries.get_batch(session, batch_id)
+                waiting = batch.finished_jobs - after
+                if waiting < limit and batch.state is BatchState.RUNNING and not (waiting > 0 and lingered):
+                    return waiting
+            return read(session)
 
     lingered = False
     while True:
         event = state.notifier.event(batch_id)
-        # Finish positions are dense (1..finished_jobs), so the batch row alone says how many
-        # results are past the cursor: no page is read until it is worth sending.
-        batch_state, finished = await run_in_threadpool(progress)
-        waiting = finished - after
+        outcome = await run_in_threadpool(answer, lingered)
+        if isinstance(outcome, Response):
+            return outcome
         left = deadline - time.monotonic()
-        if waiting >= limit or batch_state is not BatchState.RUNNING or left <= 0 or (waiting > 0 and lingered):
-            page = await run_in_threadpool(read)
-            # Serialised by pydantic-core directly: pages of trajectories run to tens of MB, and
-            # FastAPI's generic path would validate and encode them again in Python.
-            return Response(page.model_dump_json(), media_type="application/json")  # type: ignore[return-value]
-        if waiting > 0:
+        if outcome > 0:
             # Results finish in bursts and trickles: a moment's wait turns them into one page
             # instead of one request and one query per job (a client streaming a running batch
             # asks again as soon as it has a page, so most pages would hold one or two results).
-            await asyncio.sleep(min(state.settings.api.results_linger_s, left))
+            await asyncio.sleep(max(0.0, min(state.settings.api.results_linger_s, left)))
             lingered = True
         else:
             await state.notifier.wait(event, left)

@@ -1,0 +1,114 @@
+"""The binary results page: the stored array bytes as they are, behind a JSON header.
+
+A client asks for it with ``Accept: application/vnd.farm.results``; everyone else gets JSON.
+The layout (README, "Binary results pages"):
+
+    bytes 0-3     RESULTS_MAGIC, b"FRP1"
+    bytes 4-7     H, the header's length in bytes (uint32, little-endian)
+    bytes 8-8+H   the header: UTF-8 JSON, the JSON page's fields, with each trajectory's
+                  ``encoding`` "binary" and its token_ids, logprobs and loss_mask as
+                  {"dtype", "offset", "length"}; padded with spaces so the data starts aligned
+    then          the data: each array's little-endian bytes, at ``offset`` bytes from the
+                  data's start, ``length`` elements long, every one at a multiple of RESULTS_ALIGN
+
+The arrays are copied from the database rows untouched: nothing is decoded or re-encoded.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pydantic_core
+
+from farm.db.arrays import unpack_ids
+from farm.db.models import Batch, Job
+from farm.db.queries import job_out
+from farm.schemas import RESULTS_ALIGN, RESULTS_MAGIC, RESULTS_MEDIA_TYPE, ArrayDtype
+
+#: the q a media range gives when it names none.
+_DEFAULT_Q = 1.0
+#: each array column of a trajectory row, with its dtype and item size.
+_ARRAYS: list[tuple[str, ArrayDtype, int]] = [
+    ("token_ids", "int32", 4),
+    ("logprobs", "float32", 4),
+    ("loss_mask", "uint8", 1),
+]
+
+
+def _quality(params: list[str]) -> float:
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                return min(max(float(value.strip()), 0.0), 1.0)
+            except ValueError:
+                return 0.0
+    return _DEFAULT_Q
+
+
+def wants_binary(accept: str | None) -> bool:
+    """Whether an Accept header asks for the binary page: it names the binary type with q > 0 and
+    at least the q JSON gets. Wildcards never select it, so no generic client gets bytes it did
+    not ask for; a missing, malformed or unsupported Accept gets JSON (the default)."""
+    if not accept:
+        return False
+    binary_q, json_q = 0.0, 0.0
+    for media_range in accept.split(","):
+        kind, *params = media_range.split(";")
+        kind = kind.strip().lower()
+        q = _quality(params)
+        if kind == RESULTS_MEDIA_TYPE:
+            binary_q = max(binary_q, q)
+        elif kind in ("application/json", "application/*", "*/*"):
+            json_q = max(json_q, q)
+    return binary_q > 0 and binary_q >= json_q
+
+
+def binary_page(batch: Batch, jobs: list[Job], trajs: dict[int, Any], *, after: int) -> list[bytes]:
+    """One results page in the binary layout (see the module docstring), as the pieces to send in
+    order: the head (magic, length, header), then each array as the database gave it, with padding.
+    Sent piece by piece, a page is never copied into one buffer (a page of trajectories runs to
+    megabytes, and each fresh buffer that size costs the kernel more than the copy)."""
+    chunks: list[bytes] = []
+    size = 0
+
+    def put(raw: bytes, dtype: ArrayDtype, itemsize: int) -> dict[str, Any]:
+        nonlocal size
+        ref = {"dtype": dtype, "offset": size, "length": len(raw) // itemsize}
+        chunks.append(raw)
+        size += len(raw)
+        if pad := -size % RESULTS_ALIGN:
+            chunks.append(bytes(pad))
+            size += pad
+        return ref
+
+    items = []
+    for job in jobs:
+        row = trajs.get(job.id)
+        traj = None
+        if row is not None:
+            traj = {
+                "job_id": job.id,
+                "batch_id": job.batch_id,
+                "group_id": job.group_id,
+                "encoding": "binary",
+                "num_tokens": row.num_tokens,
+                **{name: put(getattr(row, name), dtype, itemsize) for name, dtype, itemsize in _ARRAYS},
+                "turn_offsets": unpack_ids(row.turn_offsets),
+                "reward": row.reward,
+                "metrics": row.metrics,
+                "timings": row.timings,
+                "info": row.info,
+            }
+        items.append({"seq": job.finish_seq or 0, "job": job_out(job, with_stages=False), "trajectory": traj})
+    header = {
+        "items": items,
+        "next_cursor": items[-1]["seq"] if items else after,
+        "batch_state": batch.state,
+        "remaining": batch.total_jobs - batch.finished_jobs,
+    }
+    # NaN and infinity become null, as in the JSON answer (pydantic's default).
+    text = pydantic_core.to_json(header, inf_nan_mode="null")
+    text += b" " * (-(len(RESULTS_MAGIC) + 4 + len(text)) % RESULTS_ALIGN)
+    return [RESULTS_MAGIC + struct.pack("<I", len(text)) + text, *chunks]
