@@ -382,6 +382,10 @@ class AsyncFarmClient:
     async def health(self) -> Health:
         return _parse(Health, await self._http.get("/readyz"))
 
+    async def handlers(self) -> list[HandlerInfo]:
+        """See ``FarmClient.handlers``."""
+        return [HandlerInfo.model_validate(h) for h in _check(await self._http.get("/v1/handlers")).json()]
+
     async def tasks(self, type: str | None = None) -> list[TaskSet]:
         """See ``FarmClient.tasks``."""
         response = _check(await self._http.get("/v1/tasks", params={"type": type} if type else None))

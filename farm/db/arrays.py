@@ -13,15 +13,15 @@ FLOAT32 = np.dtype("<f4")
 UINT8 = np.dtype("u1")
 
 
-def pack_ids(values: Sequence[int]) -> bytes:
+def pack_ids(values: Sequence[int] | np.ndarray) -> bytes:
     return np.asarray(values, dtype=INT32).tobytes()
 
 
-def pack_logprobs(values: Sequence[float]) -> bytes:
+def pack_logprobs(values: Sequence[float] | np.ndarray) -> bytes:
     return np.asarray(values, dtype=FLOAT32).tobytes()
 
 
-def pack_mask(values: Sequence[int]) -> bytes:
+def pack_mask(values: Sequence[int] | np.ndarray) -> bytes:
     return np.asarray(values, dtype=UINT8).tobytes()
 
 

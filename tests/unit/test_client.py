@@ -326,3 +326,18 @@ def test_binary_page_of_another_length_than_declared_raises_api_error(declared: 
     with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(ApiError) as info:
         client.results_page(1)
     assert info.value.code == "bad_page"
+
+
+def test_the_sync_and_async_clients_offer_the_same_calls_with_the_same_parameters():
+    import inspect
+
+    def calls(cls: type) -> dict[str, list[str]]:
+        return {
+            name: list(inspect.signature(member).parameters)
+            for name, member in inspect.getmembers(cls, inspect.isfunction)
+            if not name.startswith("_")
+        }
+
+    sync, async_ = calls(FarmClient), calls(AsyncFarmClient)
+    assert sync == async_
+    assert all(inspect.iscoroutinefunction(getattr(AsyncFarmClient, name)) for name in async_ if name != "results")

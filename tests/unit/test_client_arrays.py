@@ -5,10 +5,12 @@ import pytest
 
 from farm.client import decode_trajectory, to_arrays
 from farm.db.arrays import encode_ids, encode_logprobs, encode_mask, pack_ids, pack_logprobs, pack_mask
-from farm.schemas import TrajectoryOut
+from farm.schemas import ArrayEncoding, TrajectoryOut
 
 
-def traj(ids: list[int], mask: list[int], logprobs: list[float], reward: float | None, encoding: str) -> TrajectoryOut:
+def traj(
+    ids: list[int], mask: list[int], logprobs: list[float], reward: float | None, encoding: ArrayEncoding
+) -> TrajectoryOut:
     return TrajectoryOut(
         job_id=1,
         batch_id=1,

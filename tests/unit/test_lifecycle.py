@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select, update
@@ -602,7 +603,7 @@ def test_retry_or_failure_from_a_worker_that_no_longer_holds_the_stage_changes_n
     now = utcnow()
     with transaction(sessions) as s:
         conn = s.connection()
-        common = {"job_id": job_id, "stage": Stage.INIT, "worker": "w2", "now": now, "error": "boom"}
+        common: dict[str, Any] = {"job_id": job_id, "stage": Stage.INIT, "worker": "w2", "now": now, "error": "boom"}
         assert lifecycle.retry_stage(conn, **common, resend_until=now) is None
         assert lifecycle.fail_stage(conn, **common, outcome=Outcome.INFRA_ERROR) is False
     j = job(sessions, job_id)

@@ -97,7 +97,7 @@ def test_remove_tree_never_chmods_a_host_file_through_a_symlink(tmp_path, monkey
     tree = tmp_path / "sb"
     tree.mkdir()
     (tree / "link").symlink_to(host)
-    real_unlink, refused = os.unlink, []
+    real_unlink, refused = os.unlink, list[object]()
 
     def unlink_refusing_once(path, *args, **kwargs):
         if os.fspath(path).endswith("link") and not refused:
