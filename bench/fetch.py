@@ -134,7 +134,8 @@ def main() -> None:
                 assert raw_read(db, batch_id) == tokens
                 raw_best = max(raw_best, tokens / (time.perf_counter() - started))
                 started = time.perf_counter()
-                trajs = [r.trajectory for r in client.results(batch_id, page_size=args.page_size, wait_s=0)]
+                results = client.results(batch_id, page_size=args.page_size, wait_s=0)
+                trajs = [r.trajectory for r in results if r.trajectory is not None]
                 arrays = to_arrays(trajs)
                 elapsed = time.perf_counter() - started
                 assert int(arrays["attention_mask"].sum()) == tokens

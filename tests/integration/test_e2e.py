@@ -17,6 +17,7 @@ from farm.db.models import Trajectory
 from farm.embedded import EmbeddedStack
 from farm.handlers.echo import EchoHandler
 from tests.integration.conftest import wait_until
+from tests.trajectories import trajectories
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -35,8 +36,8 @@ def test_batch_runs_end_to_end_and_arrays_match_trajectories(client: FarmClient)
     assert sorted(r.job.id for r in results) == sorted(batch.job_ids)
     assert [r.seq for r in results] == list(range(1, 16))
     assert all(r.job.state is JobState.DONE and r.job.outcome is Outcome.OK for r in results)
-    trajs = [r.trajectory for r in results]
-    assert all(t is not None and t.reward is not None and 0.0 <= t.reward <= 1.0 for t in trajs)
+    trajs = trajectories(results)
+    assert all(t.reward is not None and 0.0 <= t.reward <= 1.0 for t in trajs)
     assert len({t.reward for t in trajs}) > 1, "noise 0.3 with distinct seeds should give varied rewards"
 
     arrays = to_arrays(trajs, pad_side="left", pad_token_id=0)
@@ -65,6 +66,7 @@ def test_job_history_shows_each_stage_on_the_init_node(client: FarmClient):
         (Stage.RUN, StageStatus.OK, "testnode"),
         (Stage.EVAL, StageStatus.OK, "testnode"),
     ]
+    assert job.init_at and job.run_at and job.eval_at and job.finished_at
     assert job.node == "testnode" and job.init_at <= job.run_at <= job.eval_at <= job.finished_at
 
 
@@ -84,7 +86,7 @@ def test_infrastructure_fault_is_retried_then_succeeds(client: FarmClient):
     assert job.state is JobState.DONE and job.outcome is Outcome.OK
     runs = [(s.attempt, s.status) for s in job.stages if s.stage is Stage.RUN]
     assert runs == [(1, StageStatus.RETRY), (2, StageStatus.OK)]
-    assert "simulated run failure" in next(s.error for s in job.stages if s.status is StageStatus.RETRY)
+    assert "simulated run failure" in (next(s.error for s in job.stages if s.status is StageStatus.RETRY) or "")
 
 
 class BuggyEchoHandler(EchoHandler):
@@ -110,7 +112,7 @@ def test_persistent_infrastructure_fault_fails_the_job_without_a_reward(client: 
     job = results[0].job
     assert job.state is JobState.FAILED and job.outcome is Outcome.SANDBOX_ERROR
     assert job.reward is None and results[0].trajectory is None
-    assert "simulated eval failure" in job.reason
+    assert "simulated eval failure" in (job.reason or "")
     assert [s.status for s in client.job(job.id).stages if s.stage is Stage.EVAL] == [
         StageStatus.RETRY,
         StageStatus.RETRY,
@@ -172,5 +174,5 @@ def test_embedded_stack_runs_a_batch_on_valkey_and_sqlite(make_stack):
         batch = client.submit([echo(f"embedded {i}", noise=0.2) for i in range(4)], group_size=2)
         results = list(client.results(batch.id, wait_s=10))
     assert len(results) == 8 and all(r.job.state is JobState.DONE for r in results)
-    arrays = to_arrays([r.trajectory for r in results])
+    arrays = to_arrays(trajectories(results))
     assert arrays["input_ids"].shape[0] == 8 and (arrays["attention_mask"][:, 0] == 1).all()

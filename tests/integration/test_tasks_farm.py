@@ -26,6 +26,7 @@ from tasks.math.dataset import list_problems as math_problems
 from tasks.swe.dataset import instances_by_id
 from tests.integration.conftest import scripted_stack
 from tests.integration.sandbox.conftest import require_bwrap
+from tests.trajectories import lists
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -139,7 +140,7 @@ def test_every_task_type_end_to_end_on_the_tiny_model(
         _check_token_exact(r.trajectory, teacher)
         # Only what the model saw or sampled: the trajectory ends with its last model turn and fits
         # the context the backend reports.
-        assert r.trajectory.loss_mask[-1] == 1 and r.trajectory.num_tokens <= context
+        assert lists(r).loss_mask[-1] == 1 and r.trajectory.num_tokens <= context
     assert by_type == {"math": 2, "code": 2, "swe": 2, "harbor": 2}
     # Every sandbox (the agents' and EVAL's fresh ones) is gone once its job is done.
     assert Registry(root=sandbox_root(tasks_stack.settings)).records() == []
