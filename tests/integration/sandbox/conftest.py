@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -93,13 +94,24 @@ def need_cgroups() -> None:
 REPO = Path(__file__).resolve().parents[3]
 
 
-def start_owner(script: str, settings: Settings) -> subprocess.Popen[str]:
+@contextlib.contextmanager
+def sandbox_owner(script: str, settings: Settings) -> Iterator[subprocess.Popen[str]]:
     """A separate process (a stand-in for a worker) running ``script`` with the data and sandbox
-    directories as its arguments; it prints one JSON line and waits on stdin."""
-    return subprocess.Popen(
+    directories as its arguments; it prints one JSON line and waits on stdin. Killed (if the
+    test has not) and its pipes closed on exit."""
+    worker = subprocess.Popen(
         [sys.executable, "-c", script, str(settings.data_dir), str(settings.sandbox.root_dir)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         text=True,
     )
+    try:
+        yield worker
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        for pipe in (worker.stdin, worker.stdout):
+            if pipe is not None:
+                pipe.close()

@@ -21,7 +21,7 @@ from farm.sandbox import SandboxSpec, reap_sandboxes
 from farm.sandbox.base import Limits
 from farm.sandbox.procs import proc_start_time
 from farm.sandbox.server_sandbox import ServerSandbox
-from tests.integration.sandbox.conftest import REPO, start_owner
+from tests.integration.sandbox.conftest import REPO, sandbox_owner
 
 IN_CI = bool(os.environ.get("CI"))
 SERVICES = {"redis": ("127.0.0.1", 6379), "postgresql": ("127.0.0.1", 5432)}
@@ -173,8 +173,7 @@ sys.stdin.read()
 @pytest.mark.usefixtures("need_bwrap")
 def test_killed_worker_leaves_no_orphan_after_reaper(sandbox_settings: Settings) -> None:
     # Given a worker process that created a sandbox with background jobs,
-    worker = start_owner(_OWNER_SCRIPT, sandbox_settings)
-    try:
+    with sandbox_owner(_OWNER_SCRIPT, sandbox_settings) as worker:
         line = worker.stdout.readline() if worker.stdout else ""
         info = json.loads(line)
         # A pid listed while it was exiting (setsid's parent, say) has no start time: not a process to watch.
@@ -182,13 +181,6 @@ def test_killed_worker_leaves_no_orphan_after_reaper(sandbox_settings: Settings)
         # When the worker is SIGKILLed mid-job,
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=10)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-        for pipe in (worker.stdin, worker.stdout):
-            if pipe is not None:
-                pipe.close()
     # the sandbox outlives it (nothing else would clean it up),
     assert any(proc_start_time(pid) == start for pid, start in starts.items())
     # Then the reaper removes it, and none of its processes remain.

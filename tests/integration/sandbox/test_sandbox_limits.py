@@ -21,7 +21,7 @@ from farm.sandbox import SandboxSpec, reap_sandboxes
 from farm.sandbox.base import Limits
 from farm.sandbox.disk import IMAGE_FILE
 from farm.sandbox.server_sandbox import ServerSandbox
-from tests.integration.sandbox.conftest import start_owner
+from tests.integration.sandbox.conftest import sandbox_owner
 
 IN_CI = bool(os.environ.get("CI"))
 MIB = 1024 * 1024
@@ -169,19 +169,11 @@ sys.stdin.read()
 @pytest.mark.usefixtures("need_bwrap")
 def test_disk_quota_mount_goes_when_the_owner_is_killed_and_reaped(sandbox_settings: Settings) -> None:
     # Given a worker holding a sandbox with a mounted quota, files in it and processes whose cwd is on it,
-    worker = start_owner(_OWNER_SCRIPT, sandbox_settings)
-    try:
+    with sandbox_owner(_OWNER_SCRIPT, sandbox_settings) as worker:
         info = json.loads(worker.stdout.readline() if worker.stdout else "")
         # When the worker is SIGKILLed,
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=10)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-        for pipe in (worker.stdin, worker.stdout):
-            if pipe is not None:
-                pipe.close()
     sdir = Path(info["dir"])
     if info["quota"] != "loop":
         pytest.skip("no loop-mounted disk quota here (needs root and loop devices)")
