@@ -1,6 +1,6 @@
 """The proxy's cost: the same conversations through ``farm proxy`` and straight to the backend.
 
-    python bench/proxy.py [--trials 32] [--turns 4] [--max-tokens 32] [--rounds 2]
+    python bench/proxy.py [--trials 32] [--turns 4] [--max-tokens 32] [--rounds 2] [--processes 1]
 
 A farm (API, a ``farm proxy`` process, the built-in backend on the tiny model; no workers) on a
 fresh PostgreSQL database. Each round runs ``--trials`` concurrent trials of ``--turns`` turns
@@ -41,6 +41,11 @@ from farm.llm.client import VLLMClient  # noqa: E402
 from farm.llm.types import GenerateRequest, SamplingParams  # noqa: E402
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda".split()
+
+
+def cpu_of(process: psutil.Process) -> float:
+    """User and system CPU seconds of a process and its children (``--processes`` > 1 forks them)."""
+    return sum(sum(p.cpu_times()[:2]) for p in [process, *process.children(recursive=True)])
 
 
 def pct(values: list[float], q: float) -> float:
@@ -170,9 +175,9 @@ async def run(stack: EmbeddedStack, proxy_url: str, args: argparse.Namespace) ->
         proxy_process = psutil.Process(next(s.process.pid for s in stack.services if s.name == "proxy"))
         cpu_s = 0.0
         for r in range(args.rounds):
-            before = sum(proxy_process.cpu_times()[:2])
+            before = cpu_of(proxy_process)
             latencies, ids = await proxy_round(api, proxy_url, args.trials, args.turns, args.max_tokens, f"r{r}")
-            cpu_s += sum(proxy_process.cpu_times()[:2]) - before
+            cpu_s += cpu_of(proxy_process) - before
             prompts = await prompts_of(api, ids)
             direct = await direct_round(backend, prompts, args.max_tokens)
             print(
@@ -200,6 +205,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--processes", type=int, default=1, help="farm proxy --processes")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url, flushed_redis() as redis_url:
         settings = stack_settings(Path(tmp), redis_url=redis_url, database_url=db_url, concurrency={})
@@ -207,7 +213,7 @@ def main() -> None:
         stack.start()
         try:
             port = free_port()
-            stack.spawn("proxy", ["proxy", "--port", str(port)])
+            stack.spawn("proxy", ["proxy", "--port", str(port), "--processes", str(args.processes)])
             proxy_url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
@@ -219,7 +225,15 @@ def main() -> None:
             figures = asyncio.run(run(stack, proxy_url, args))
         finally:
             stack.stop()
-    emit({"trials": args.trials, "turns": args.turns, "max_tokens": args.max_tokens, **figures})
+    emit(
+        {
+            "trials": args.trials,
+            "turns": args.turns,
+            "max_tokens": args.max_tokens,
+            "proxy_processes": args.processes,
+            **figures,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -103,7 +103,13 @@ def api(host: str | None, port: int | None) -> None:
     default=None,
     help="also listen on this Unix socket (default: FARM_PROXY__SOCKET)",
 )
-def proxy(host: str | None, port: int | None, socket_path: Path | None) -> None:
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="serving processes sharing the sockets (default: FARM_PROXY__PROCESSES)",
+)
+def proxy(host: str | None, port: int | None, socket_path: Path | None, processes: int | None) -> None:
     """Serve the OpenAI/Anthropic-compatible proxy on its own (the API serves it too)."""
     import socket
 
@@ -121,8 +127,31 @@ def proxy(host: str | None, port: int | None, socket_path: Path | None) -> None:
         unix.bind(str(path))
         path.chmod(0o666)  # sandboxed harnesses run as another uid; the trial key is the access control
         sockets.append(unix)
-    config = uvicorn.Config(create_proxy_app(settings), log_level="info", timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=sockets)
+    processes = processes or settings.proxy.processes
+    if processes == 1:
+        config = uvicorn.Config(create_proxy_app(settings), log_level="info", timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=sockets)
+        return
+    from uvicorn.supervisors import Multiprocess
+
+    # One event loop serves a process's calls one slice at a time; more processes on the same sockets
+    # let the kernel spread calls over cores. uvicorn's supervisor spawns them (an app by import
+    # string: each child builds its own from the same environment) and replaces one that dies.
+    config = uvicorn.Config(
+        "farm.cli:proxy_app_from_environment",
+        factory=True,
+        workers=processes,
+        log_level="info",
+        timeout_graceful_shutdown=5,
+    )
+    Multiprocess(config, sockets=sockets).run()
+
+
+def proxy_app_from_environment() -> Any:
+    """The proxy app of one of ``farm proxy --processes N``'s children (settings from its environment)."""
+    from farm.proxy.app import create_proxy_app
+
+    return create_proxy_app(_settings())
 
 
 #: glibc ``mallopt`` parameters, and what the API sets them to (see ``_keep_freed_memory``).

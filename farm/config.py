@@ -205,6 +205,9 @@ class ProxySettings(BaseModel):
     tool_parser: Literal["hermes"] = "hermes"
     #: longest request body the proxy reads (a harness's long history with tool outputs).
     max_body_bytes: int = 64 * 1024 * 1024
+    #: processes ``farm proxy`` serves with, sharing its sockets (each is one event loop, about 6 ms of
+    #: CPU per call): a node running many harnesses wants about one per core the backend leaves free.
+    processes: int = Field(default=1, ge=1)
 
 
 class FlowerSettings(BaseModel):

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from farm.embedded import EmbeddedStack, Service
@@ -18,8 +19,8 @@ from tests.integration.proxy.conftest import SLOW_WORD
 pytestmark = pytest.mark.integration
 
 
-def _start_proxy(stack: EmbeddedStack, port: int) -> Service:
-    service = stack.spawn(f"proxy-{port}", ["proxy", "--port", str(port)])
+def _start_proxy(stack: EmbeddedStack, port: int, processes: int = 1) -> Service:
+    service = stack.spawn(f"proxy-{port}", ["proxy", "--port", str(port), "--processes", str(processes)])
 
     def up() -> bool:
         try:
@@ -74,6 +75,36 @@ def test_proxy_process_sigkilled_mid_call_loses_no_answered_call(
     assert recorded[2]["extends"] == 0 and not recorded[2].get("branch")
     # And the killed call showed the harness nothing (it was not streamed): the record is whole
     assert api.get(f"/v1/trials/{trial['id']}").json()["incomplete"] is None
+
+
+def test_proxy_processes_share_the_port_and_a_dead_one_is_replaced(
+    proxy_stack: EmbeddedStack, new_trial: Any, api: httpx.Client
+) -> None:
+    # Given `farm proxy --processes 2`
+    port = free_port()
+    service = _start_proxy(proxy_stack, port, processes=2)
+    supervisor = psutil.Process(service.process.pid)
+
+    def servers() -> list[psutil.Process]:
+        return [p for p in supervisor.children() if "resource_tracker" not in " ".join(p.cmdline())]
+
+    wait_until(lambda: len(servers()) == 2, timeout_s=60, what="two serving processes")
+    trial = new_trial()
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/proxy/{trial['id']}/v1", api_key=trial["key"])
+    messages: list[Any] = [{"role": "user", "content": "go on"}]
+    first = client.chat.completions.create(model="m", messages=messages, max_tokens=8)
+    # When one of them dies
+    victim = servers()[0]
+    victim.kill()
+    victim.wait(timeout=10)
+    wait_until(lambda: len(servers()) == 2 and victim not in servers(), timeout_s=60, what="a replacement")
+    # Then the port still answers, and the trial goes on where it was (state is not in a process)
+    messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+    for _ in range(4):
+        client.chat.completions.create(model="m", messages=messages, max_tokens=8)
+    recorded = api.get(f"/v1/trials/{trial['id']}/calls").json()
+    assert [c["state"] for c in recorded] == ["done"] * 5
+    assert recorded[1]["extends"] == 0
 
 
 def test_proxy_retry_of_an_answered_call_is_a_branch(new_trial: Any, api: httpx.Client) -> None:
