@@ -35,6 +35,12 @@ class Segment:
     #: (version, start, end) over the segment's own model tokens (``farm.schemas.VersionSpan``).
     weight_versions: list[tuple[int, int, int]] = field(default_factory=list)
 
+    @property
+    def turn_offsets(self) -> list[int]:
+        """Span starts as a trajectory's ``turn_offsets`` has them: a forced call opening is part of
+        the prompt before it, so spans still alternate prompt or env, then model."""
+        return [start for kind, start, _, _ in self.spans if kind != "forced"]
+
 
 def certificate(call: TrialCall) -> dict[str, Any]:
     sampled = len(call.sampled_ids) // INT32.itemsize

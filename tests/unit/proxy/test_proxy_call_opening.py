@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
+from farm.db.arrays import FLOAT32, INT32
+from farm.db.models import TrialCall
+from farm.proxy import record
 from farm.proxy.continuity import NoCallOpening, Renderer
 from farm.proxy.conversation import Message, Tool, ToolCall
 from farm.proxy.toolparse import CallPiece, ToolCallSplitter
@@ -75,3 +79,36 @@ def test_a_template_without_hermes_calls_cannot_force_one(tiny_tokenizer: Any) -
 
     with pytest.raises(NoCallOpening, match="<tool_call>"):
         Renderer(PlainCalls()).call_opening(HISTORY, TOOLS, name="bash")
+
+
+def _call(seq: int, parent: int | None, delta: list[int], sampled: list[int], continuity: dict[str, Any]) -> Any:
+    return TrialCall(
+        trial_id="t",
+        seq=seq,
+        segment=0,
+        parent_seq=parent,
+        state="done",
+        delta_ids=np.asarray(delta, dtype=INT32).tobytes(),
+        sampled_ids=np.asarray(sampled, dtype=INT32).tobytes(),
+        logprobs=np.full(len(sampled), -0.5, dtype=FLOAT32).tobytes(),
+        continuity=continuity,
+    )
+
+
+def test_record_masks_the_forced_ids_and_trainer_offsets_keep_them_with_the_prompt() -> None:
+    # Given a call whose prompt (5 ids) ends with 2 forced ids, and a call extending it
+    first = _call(0, None, [1, 2, 3, 40, 41], [50, 51, 52], {"forced_prefix_tokens": 2})
+    second = _call(1, 0, [6, 7], [60, 61], {"extends": 0})
+    (segment,) = record.segments([first, second])
+    # Then the forced ids are a span of their own, masked 0, between the prompt and the model's ids
+    assert [s[:3] for s in segment.spans] == [
+        ["prompt", 0, 3],
+        ["forced", 3, 5],
+        ["model", 5, 8],
+        ["env", 8, 10],
+        ["model", 10, 12],
+    ]
+    assert segment.loss_mask.tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1]
+    assert segment.logprobs[3:5].tolist() == [0.0, 0.0]
+    # And the trainer's turn offsets count them with the prompt: spans still alternate
+    assert segment.turn_offsets == [0, 5, 8, 10]
