@@ -354,9 +354,11 @@ def finish_call(
     first_token_s: float | None,
     latency_s: float,
     weight_versions: Sequence[Sequence[int]] = (),
+    continuity: dict[str, Any] | None = None,
 ) -> bool:
     """Record what the call sampled and answered. False when the call was not pending any more.
-    The caller commits, durably: the harness gets the answer only after that.
+    The caller commits, durably: the harness gets the answer only after that. ``continuity``
+    replaces the entry the call's start wrote, when its finish has more to say (None keeps it).
 
     A call whose parent already has a finished child in the parent's segment (a retry, or a second
     continuation of the same history) is a branch: it moves to a segment of its own. This is decided
@@ -379,6 +381,8 @@ def finish_call(
         "weight_versions": [list(span) for span in weight_versions],
         "finished_at": utcnow(),
     }
+    if continuity is not None:
+        finished["continuity"] = continuity
     call = {"_trial_id": trial_id, "_seq": seq}
     if conn.execute(_FINISH, {**call, **finished}).first() is not None:
         return True
@@ -388,8 +392,8 @@ def finish_call(
     if branch is None or branch.sibling is None:
         return False  # no longer pending
     segment = conn.execute(_NEW_SEGMENT, {"_trial_id": trial_id}).scalar_one()
-    continuity = {**branch.continuity, "branch": True, "sibling": branch.sibling}
-    conn.execute(_FINISH_BRANCH, {**call, **finished, "segment": segment, "continuity": continuity})
+    entry = {**(continuity or branch.continuity), "branch": True, "sibling": branch.sibling}
+    conn.execute(_FINISH_BRANCH, {**call, **finished, "segment": segment, "continuity": entry})
     return True
 
 

@@ -12,19 +12,28 @@ certificate entry says why. History is never silently rewritten.
 Each call's certificate entry (``Continuity.as_dict``) says: whether it extended its parent,
 which call that was, how many tokens were reused and how many the template inserted, and for a
 new segment the reason and the message index where the history diverged.
+
+A ``tool_choice`` that demands a call (``required``, or a named tool) is enforced by prefill: the
+prompt ends with the opening of a call block as the template writes one (``call_opening``). Those
+ids are the prompt's, not the model's: the entry says how many (``forced_prefix_tokens``) and why.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from farm.llm.trajectory import ChatTokenizer
-from farm.proxy.conversation import Message, Tool
+from farm.proxy.conversation import Message, Tool, ToolCall
+from farm.proxy.toolparse import OPEN_TAG
 
 #: content for an assistant message whose rendering shows what the template writes after one.
 SENTINEL = "FARM-PROXY-SENTINEL-3f9c"
+#: a tool name and an argument key for a probe call: where the template writes the name and the arguments.
+PROBE_NAME = "farm_proxy_probe_3f9c"
+PROBE_KEY = "farm_proxy_probe_arg_3f9c"
 
 
 @dataclass
@@ -39,6 +48,9 @@ class Continuity:
     diverged_at: int | None = None
     compared_with: int | None = None
     notes: list[str] = field(default_factory=list)
+    #: ids appended to the prompt to enforce a tool choice (not sampled), and why.
+    forced_prefix_tokens: int = 0
+    forced_prefix_reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -50,11 +62,17 @@ class Continuity:
             out.update(reason=self.reason, diverged_at=self.diverged_at, compared_with=self.compared_with)
         if self.notes:
             out["notes"] = list(self.notes)
+        if self.forced_prefix_tokens:
+            out.update(forced_prefix_tokens=self.forced_prefix_tokens, forced_prefix_reason=self.forced_prefix_reason)
         return out
 
 
 class TemplateFork(Exception):
     """The template cannot extend this history append-only; the message says how."""
+
+
+class NoCallOpening(Exception):
+    """The template does not write a tool call as a ``<tool_call>`` block after this history."""
 
 
 class Renderer:
@@ -115,3 +133,38 @@ class Renderer:
         if not full.startswith(with_reply):
             raise TemplateFork("the template renders the earlier turns differently once the new messages follow")
         return self.encode(after_reply + full[len(with_reply) :])
+
+    def call_opening(self, messages: Sequence[Message], tools: Sequence[Tool], *, name: str | None) -> list[int]:
+        """Ids that open an assistant tool call after the generation prompt for ``messages``.
+
+        Without a name: through the text before the function's name (``<tool_call>\\n{"name": "`` in
+        hermes). With a name: through the name and the text before the arguments object. The text is
+        the template's own rendering of such a call, and only whole tokens of that rendering are
+        taken: where a token spans the cut it is left to the model, so the model continues at a token
+        boundary the tokenizer itself would make.
+
+        Raises:
+            NoCallOpening: the template renders the history differently once a call follows, or does
+                not open a call with ``<tool_call>`` (the format ``farm.proxy.toolparse`` parses).
+        """
+        prompted = self.render(messages, tools, generation_prompt=True)
+        call = ToolCall(id="call_probe", name=name or PROBE_NAME, arguments=json.dumps({PROBE_KEY: 0}))
+        probe = self.render([*messages, Message(role="assistant", tool_calls=[call])], tools, generation_prompt=False)
+        if not probe.startswith(prompted):
+            raise NoCallOpening("the template renders the earlier turns differently once a tool call follows them")
+        written = probe[len(prompted) :]
+        if name is None:
+            end = written.find(PROBE_NAME)
+        else:
+            key_at = written.find(json.dumps(PROBE_KEY))
+            end = written.rfind("{", 0, key_at) if key_at >= 0 else -1
+        if end < 0 or OPEN_TAG not in written[:end]:
+            raise NoCallOpening(f"the template does not open a tool call with {OPEN_TAG}")
+        ids = self.encode(written)
+        forced: list[int] = []
+        for k in range(1, len(ids) + 1):
+            text = str(self.tokenizer.decode(ids[:k], skip_special_tokens=False))
+            if len(text) > end or not written.startswith(text):
+                break
+            forced = ids[:k]
+        return forced

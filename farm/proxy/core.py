@@ -34,7 +34,7 @@ from farm.llm.balancer import Balancer
 from farm.llm.client import StreamItem
 from farm.llm.session import ClientPool, LLMSession
 from farm.llm.types import FinishReason, GenerateResult, SamplingParams, StreamDelta
-from farm.proxy.continuity import Continuity, Renderer, TemplateFork
+from farm.proxy.continuity import Continuity, NoCallOpening, Renderer, TemplateFork
 from farm.proxy.conversation import ChatRequest, Message, Reply, ToolCall, chain, extend
 from farm.proxy.text import StopMatcher, TextDecoder
 from farm.proxy.toolparse import CallPiece, TextPiece, ToolCallSplitter
@@ -108,6 +108,9 @@ class _Started:
     parent_seq: int | None
     prompt_ids: np.ndarray
     hashes: list[bytes]
+    continuity: dict[str, Any] = field(default_factory=dict)
+    #: the end of ``prompt_ids`` that opens a tool call (a tool_choice that demands one): not sampled.
+    forced_ids: list[int] = field(default_factory=list)
 
 
 class _IdCache:
@@ -232,6 +235,7 @@ class ProxyCore:
         """
         if not request.messages:
             raise InvalidSpec("messages must not be empty", field="messages")
+        _check_tool_choice(request)
         messages = _with_tool_names(request.messages)
         hashes = chain(request.tools, messages)
         renderer = self._renderer
@@ -248,6 +252,9 @@ class ProxyCore:
         splitter = ToolCallSplitter(parse_calls=bool(request.tools) and request.tool_choice != "none")
         content: list[str] = []
         calls: list[ToolCall] = []
+        # The forced opening of a call is read first: the model's ids continue it.
+        forced_text = tokenizer.decode(started.forced_ids, skip_special_tokens=False) if started.forced_ids else ""
+        forced_events = self._pieces(splitter.push(forced_text), content, calls, call_id_prefix)
         sampled: list[int] = []
         logprobs: list[float] = []
         start = time.perf_counter()
@@ -282,6 +289,9 @@ class ProxyCore:
                 if first_token_s is None:
                     first_token_s = time.perf_counter() - start
                     yield Started(seq=started.seq, prompt_tokens=len(started.prompt_ids))
+                    for event in forced_events:  # text the template writes before a call's tag
+                        yielded = True
+                        yield event
                 sampled += item.token_ids
                 logprobs += item.logprobs
                 text, stop_string = stops.push(decoder.push(item.token_ids))
@@ -308,6 +318,7 @@ class ProxyCore:
                 stop_string=stop_string,
             )
             end_hash = extend(hashes[-1], reply.message())
+            unmet = _unmet(request, calls, finish)
             record = {
                 "sampled_ids": sampled,
                 "logprobs": logprobs,
@@ -317,6 +328,7 @@ class ProxyCore:
                 "latency_s": time.perf_counter() - start,
                 # A stop string cuts the answer short: spans past what was kept are dropped.
                 "weight_versions": [(v, s, min(e, len(sampled))) for v, s, e in versions if s < len(sampled)],
+                "continuity": {**started.continuity, "tool_choice_unmet": unmet} if unmet else None,
             }
             await self._in_thread(lambda: self._finish(trial.id, started, reply=reply, **record))
         except BaseException as exc:
@@ -402,6 +414,10 @@ class ProxyCore:
                 prompt = np.asarray(delta, dtype=np.int32)
                 if continuity.reason is None:
                     _explain_new_segment(conn, trial.id, hashes, messages, continuity)
+            forced = self._force_call(renderer, messages, request, continuity)
+            if forced:
+                prompt = np.concatenate([prompt, np.asarray(forced, dtype=np.int32)])
+                delta = [*delta, *forced]
             seq = trials.add_call(
                 conn,
                 trial.id,
@@ -415,8 +431,34 @@ class ProxyCore:
             )
             conn.commit()
         return _Started(
-            seq=seq, parent_seq=parent.seq if parent is not None else None, prompt_ids=prompt, hashes=hashes
+            seq=seq,
+            parent_seq=parent.seq if parent is not None else None,
+            prompt_ids=prompt,
+            hashes=hashes,
+            continuity=continuity.as_dict(),
+            forced_ids=forced,
         )
+
+    @staticmethod
+    def _force_call(
+        renderer: Renderer, messages: list[Message], request: ChatRequest, continuity: Continuity
+    ) -> list[int]:
+        """The ids that open a tool call, for a tool_choice that demands one (none otherwise)."""
+        choice = request.tool_choice
+        if choice in ("auto", "none"):
+            return []
+        name: str | None = choice
+        if choice == "required":
+            # With one tool, "required" can only mean that tool: its name is forced too.
+            name = request.tools[0].name if len(request.tools) == 1 else None
+        try:
+            forced = renderer.call_opening(messages, request.tools, name=name)
+        except NoCallOpening as exc:
+            continuity.notes.append(f"tool_choice={choice} not enforced: {exc}")
+            return []
+        continuity.forced_prefix_tokens = len(forced)
+        continuity.forced_prefix_reason = f"tool_choice={choice}"
+        return forced
 
     def _finish(self, trial_id: str, started: _Started, **record: Any) -> None:
         reply: Reply = record.pop("reply")
@@ -484,6 +526,34 @@ def _explain_new_segment(
         continuity.reason = (
             f"message {same} ({role}) differs from call {seq}'s history (edited, dropped, or another conversation)"
         )
+
+
+def _check_tool_choice(request: ChatRequest) -> None:
+    """Raises InvalidSpec: a tool_choice that cannot be met by any of the request's tools."""
+    choice = request.tool_choice
+    if choice in ("auto", "none"):
+        return
+    names = [t.name for t in request.tools]
+    if not names:
+        raise InvalidSpec(f"tool_choice {choice!r} needs tools: the request offers none", field="tool_choice")
+    if choice != "required" and choice not in names:
+        raise InvalidSpec(f"tool_choice names {choice!r}, which is not among the tools {names}", field="tool_choice")
+
+
+def _unmet(request: ChatRequest, calls: list[ToolCall], finish: FinishReason) -> str | None:
+    """Why the answer does not meet a tool_choice that demands a call (None: it does, or none was demanded)."""
+    choice = request.tool_choice
+    if choice in ("auto", "none"):
+        return None
+    if not calls:
+        cut = " (max_tokens ran out)" if finish is FinishReason.LENGTH else ""
+        return f"tool_choice={choice}: the model did not complete a well-formed tool call{cut}"
+    name = calls[0].name
+    if choice == "required" and name not in {t.name for t in request.tools}:
+        return f"tool_choice=required: the model called {name!r}, which is not among the tools"
+    if choice != "required" and name != choice:
+        return f"tool_choice={choice}: the model called {name!r}"
+    return None
 
 
 def _with_tool_names(messages: list[Message]) -> list[Message]:

@@ -113,7 +113,16 @@ def parse(raw: Any) -> ChatRequest:
         )
     choice = body.tool_choice or "auto"
     if isinstance(choice, dict):
-        choice = str(choice.get("name") or "auto")
+        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+            # A forced built-in tool (web search...) cannot be met: those tools are not offered.
+            raise ProxyError(
+                400,
+                "tool_choice must be auto, none, required or {'type': 'function', 'name': ...}",
+                param="tool_choice",
+            )
+        choice = choice["name"]
+    elif choice not in ("auto", "none", "required"):
+        raise ProxyError(400, f"tool_choice {choice!r} is not auto, none or required", param="tool_choice")
     return ChatRequest(
         model=body.model,
         messages=messages,

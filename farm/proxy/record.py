@@ -4,6 +4,8 @@ A *segment* is a chain of calls in which each extends the one before exactly. It
 last call's prompt and sampled ids; the loss mask is 1 on ids sampled by the segment's own calls.
 A segment that branched off another (a retry, a second continuation of the same history) starts
 with the other's tokens: those are in the record once already, so they are masked 0 here.
+Ids the proxy appended to a call's prompt to enforce a tool choice (the opening of a tool call)
+were not sampled: they are masked 0 and have a span of their own (``forced``).
 The certificate has one entry per call: how it relates to the calls before it (``continuity``),
 what it cost, and how it ended.
 """
@@ -27,10 +29,17 @@ class Segment:
     logprobs: np.ndarray
     loss_mask: np.ndarray
     #: [kind, start, end, call seq] per span; kind is prompt (the segment's first prompt, or
-    #: tokens inherited from the call it branched off), env (the template's delta) or model.
+    #: tokens inherited from the call it branched off), env (the template's delta), forced (the
+    #: opening of a tool call the proxy appended to the prompt for tool_choice) or model.
     spans: list[list[Any]] = field(default_factory=list)
     #: (version, start, end) over the segment's own model tokens (``farm.schemas.VersionSpan``).
     weight_versions: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def turn_offsets(self) -> list[int]:
+        """Span starts as a trajectory's ``turn_offsets`` has them: a forced call opening is part of
+        the prompt before it, so spans still alternate prompt or env, then model."""
+        return [start for kind, start, _, _ in self.spans if kind != "forced"]
 
 
 def certificate(call: TrialCall) -> dict[str, Any]:
@@ -75,8 +84,10 @@ def segments(calls: list[TrialCall]) -> list[Segment]:
             delta = np.frombuffer(call.delta_ids, dtype=INT32)
             sampled = np.frombuffer(call.sampled_ids, dtype=INT32)
             kind = "env" if own and call.parent_seq is not None else "prompt"
+            cut = len(delta) - (call.continuity.get("forced_prefix_tokens", 0) if own else 0)
             for part, logprob, mask_value, span_kind in (
-                (delta, np.zeros(len(delta), dtype=FLOAT32), 0, kind),
+                (delta[:cut], np.zeros(cut, dtype=FLOAT32), 0, kind),
+                (delta[cut:], np.zeros(len(delta) - cut, dtype=FLOAT32), 0, "forced"),
                 (sampled, np.frombuffer(call.logprobs, dtype=FLOAT32), 1 if own else 0, "model" if own else "prompt"),
             ):
                 ids.append(part)

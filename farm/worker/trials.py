@@ -58,7 +58,7 @@ class TrialResources:
                         token_ids=s.token_ids.tolist(),
                         logprobs=s.logprobs.tolist(),
                         loss_mask=s.loss_mask.tolist(),
-                        turn_offsets=[span[1] for span in s.spans],
+                        turn_offsets=s.turn_offsets,
                         weight_versions=s.weight_versions,
                         info={"segment": s.index, "calls": s.calls},
                     )

@@ -24,9 +24,16 @@ TOOL_CALL_TEXT = 'Let me look.<tool_call>\n{"name": "bash", "arguments": {"comma
 FINAL_TEXT = "There are two files."
 #: a prompt holding this word gets a long forced answer (seconds of decoding: time to kill a process).
 SLOW_WORD = "SLOWTEST"
+#: prompts for tool_choice tests: the scripted text continues the call opening the proxy forced.
+REQUIRED_WORD = "CHOICEREQUIRED"  # after '<tool_call>\n{"name": "' (required, several tools)
+NAMED_WORD = "CHOICENAMED"  # after '<tool_call>\n{"name": "bash", "arguments":' (named, or required with one tool)
+UNMET_WORD = "CHOICEUNMET"  # not a call: the choice is unmet
 RULES = {
     "rules": [
         {"match": TOOL_WORD, "turns": [TOOL_CALL_TEXT, FINAL_TEXT]},
+        {"match": REQUIRED_WORD, "turns": ['bash", "arguments": {"command": "ls -la"}}\n</tool_call>', FINAL_TEXT]},
+        {"match": NAMED_WORD, "turns": [' {"command": "pwd"}}\n</tool_call>', FINAL_TEXT]},
+        {"match": UNMET_WORD, "turns": ["I would rather talk.", FINAL_TEXT]},
         {"match": SLOW_WORD, "turns": ["and so on " * 1200]},
     ]
 }
