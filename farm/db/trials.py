@@ -186,6 +186,58 @@ def latest_hashes(conn: Connection, trial_id: str) -> tuple[int, list[bytes]] | 
     return row.seq, [*hashes, bytes(row.end_hash)] if row.end_hash is not None else hashes
 
 
+@dataclass(frozen=True)
+class CompletionEnd:
+    """A finished legacy completion call, as a later completion prompt is compared with it
+    (``farm.proxy.completion``)."""
+
+    seq: int
+    segment: int
+    finish_reason: str | None
+    stop_string: str | None
+    #: its prompt ids + sampled ids: how many, and their hash (``end_hash``).
+    end_tokens: int
+    end_hash: bytes
+    prompt_hash: bytes
+    #: a text prompt's keys (``farm.proxy.completion.text_keys``); None for a prompt of ids.
+    text_keys: dict[str, Any] | None
+
+
+_COMPLETION_ENDS = (
+    select(
+        CALLS.c.seq,
+        CALLS.c.segment,
+        CALLS.c.finish_reason,
+        CALLS.c.prompt_tokens,
+        func.length(CALLS.c.sampled_ids).label("sampled_bytes"),
+        CALLS.c.message_hashes,
+        CALLS.c.end_hash,
+        # The whole reply, not ``reply -> 'text_keys'``: PostgreSQL's json operators refuse a
+        # reply whose text holds a NUL (\u0000), which a model may sample.
+        CALLS.c.reply,
+    )
+    .where(CALLS.c.trial_id == bindparam("trial_id"), CALLS.c.state == "done", CALLS.c.wire == bindparam("wire"))
+    .order_by(CALLS.c.seq)
+)
+
+
+def completion_ends(conn: Connection, trial_id: str, wire: str) -> list[CompletionEnd]:
+    """The trial's finished calls of the legacy completion format ``wire``, in seq order."""
+    return [
+        CompletionEnd(
+            seq=row.seq,
+            segment=row.segment,
+            finish_reason=row.finish_reason,
+            stop_string=(row.reply or {}).get("stop_string"),
+            end_tokens=row.prompt_tokens + row.sampled_bytes // INT32.itemsize,
+            end_hash=bytes(row.end_hash),
+            prompt_hash=bytes(row.message_hashes),
+            text_keys=(row.reply or {}).get("text_keys"),
+        )
+        for row in conn.execute(_COMPLETION_ENDS, {"trial_id": trial_id, "wire": wire})
+    ]
+
+
 _ANCESTRY = select(CALLS.c.seq, CALLS.c.parent_seq, CALLS.c.delta_ids, CALLS.c.sampled_ids).where(
     CALLS.c.trial_id == bindparam("trial_id"), CALLS.c.seq <= bindparam("seq")
 )

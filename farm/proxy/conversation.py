@@ -108,6 +108,20 @@ class ChatRequest(BaseModel):
     logprobs: bool = False
 
 
+class CompletionRequest(BaseModel):
+    """A legacy completion (``/v1/completions``): a prompt continued as it is, no chat template.
+    ``prompt`` is text (tokenized as it is, no special tokens added) or the ids themselves."""
+
+    model: str | None = None
+    prompt: str | list[int]
+    sampling: Sampling = Field(default_factory=Sampling)
+    stream: bool = False
+    #: the answer carries per-token logprobs (they are recorded either way).
+    logprobs: bool = False
+    #: the answer carries the prompt's ids (vLLM's ``return_token_ids``).
+    prompt_ids: bool = False
+
+
 class Reply(BaseModel):
     """What the model wrote, as the harness receives it."""
 

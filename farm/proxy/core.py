@@ -13,6 +13,7 @@ rebuilds them from the record.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -20,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 from sqlalchemy import Connection, Engine
@@ -34,8 +35,9 @@ from farm.llm.balancer import Balancer
 from farm.llm.client import StreamItem
 from farm.llm.session import ClientPool, LLMSession
 from farm.llm.types import FinishReason, GenerateResult, SamplingParams, StreamDelta
+from farm.proxy import completion
 from farm.proxy.continuity import Continuity, NoCallOpening, Renderer, TemplateFork
-from farm.proxy.conversation import ChatRequest, Message, Reply, ToolCall, chain, extend
+from farm.proxy.conversation import ChatRequest, CompletionRequest, Message, Reply, ToolCall, chain, extend
 from farm.proxy.text import StopMatcher, TextDecoder
 from farm.proxy.toolparse import CallPiece, TextPiece, ToolCallSplitter
 
@@ -97,6 +99,8 @@ class Finished:
     logprobs: list[float]
     #: each sampled token's text, for formats that return per-token logprobs.
     token_texts: list[str] = field(default_factory=list)
+    #: the prompt's ids, for a format that returns them (``CompletionRequest.prompt_ids``).
+    prompt_ids: list[int] = field(default_factory=list)
 
 
 Event = Started | TextDelta | ToolCallEvent | Finished
@@ -111,6 +115,8 @@ class _Started:
     continuity: dict[str, Any] = field(default_factory=dict)
     #: the end of ``prompt_ids`` that opens a tool call (a tool_choice that demands one): not sampled.
     forced_ids: list[int] = field(default_factory=list)
+    #: a legacy completion's prompt text (None for its ids, and for every other format).
+    prompt_text: str | None = None
 
 
 class _IdCache:
@@ -223,7 +229,12 @@ class ProxyCore:
         return len(await self._in_thread(self.renderer.fresh, messages, request.tools))
 
     async def call(
-        self, trial: TrialContext, request: ChatRequest, *, wire: str, call_id_prefix: str = "call_"
+        self,
+        trial: TrialContext,
+        request: ChatRequest | CompletionRequest,
+        *,
+        wire: str,
+        call_id_prefix: str = "call_",
     ) -> AsyncIterator[Event]:
         """Generate one answer; see the module docstring for the order of events.
 
@@ -233,15 +244,20 @@ class ProxyCore:
             ContextLengthExceeded: the prompt does not fit the model's context.
             UpstreamError: the backend failed; the call is recorded as failed.
         """
-        if not request.messages:
-            raise InvalidSpec("messages must not be empty", field="messages")
-        _check_tool_choice(request)
-        messages = _with_tool_names(request.messages)
-        hashes = chain(request.tools, messages)
         renderer = self._renderer
         if renderer is None:  # loaded once, off the event loop
             renderer = await self._in_thread(lambda: self.renderer)
-        started = await self._in_thread(self._start, trial, messages, request, hashes, wire)
+        if isinstance(request, CompletionRequest):
+            started = await self._in_thread(self._start_completion, trial, request, wire)
+            parse_calls = False
+        else:
+            if not request.messages:
+                raise InvalidSpec("messages must not be empty", field="messages")
+            _check_tool_choice(request)
+            messages = _with_tool_names(request.messages)
+            hashes = chain(request.tools, messages)
+            started = await self._in_thread(self._start, trial, messages, request, hashes, wire)
+            parse_calls = bool(request.tools) and request.tool_choice != "none"
         sampling = self._sampling(trial, request)
         tokenizer = renderer.tokenizer
         stop_ids = set(sampling.stop_token_ids)
@@ -249,7 +265,7 @@ class ProxyCore:
             stop_ids.add(tokenizer.eos_token_id)
         decoder = TextDecoder(tokenizer, hidden_ids=stop_ids)
         stops = StopMatcher(request.sampling.stop)
-        splitter = ToolCallSplitter(parse_calls=bool(request.tools) and request.tool_choice != "none")
+        splitter = ToolCallSplitter(parse_calls=parse_calls)
         content: list[str] = []
         calls: list[ToolCall] = []
         # The forced opening of a call is read first: the model's ids continue it.
@@ -317,12 +333,10 @@ class ProxyCore:
                 finish_reason="length" if finish is FinishReason.LENGTH else ("tool_calls" if calls else "stop"),
                 stop_string=stop_string,
             )
-            end_hash = extend(hashes[-1], reply.message())
-            unmet = _unmet(request, calls, finish)
+            unmet = _unmet(request, calls, finish) if isinstance(request, ChatRequest) else None
             record = {
                 "sampled_ids": sampled,
                 "logprobs": logprobs,
-                "end_hash": end_hash,
                 "backend_id": backend_id,
                 "first_token_s": first_token_s,
                 "latency_s": time.perf_counter() - start,
@@ -330,7 +344,12 @@ class ProxyCore:
                 "weight_versions": [(v, s, min(e, len(sampled))) for v, s, e in versions if s < len(sampled)],
                 "continuity": {**started.continuity, "tool_choice_unmet": unmet} if unmet else None,
             }
-            await self._in_thread(lambda: self._finish(trial.id, started, reply=reply, **record))
+            end: Callable[[], tuple[bytes, dict[str, Any]]]
+            if isinstance(request, CompletionRequest):
+                end = functools.partial(self._completion_end, started, sampled, reply)
+            else:
+                end = functools.partial(_chat_end, started.hashes[-1], reply)
+            await self._in_thread(lambda: self._finish(trial.id, started, reply=reply, end=end, **record))
         except BaseException as exc:
             await asyncio.shield(self._in_thread(self._fail, trial.id, started.seq, exc, yielded and request.stream))
             raise
@@ -342,6 +361,9 @@ class ProxyCore:
             token_ids=sampled,
             logprobs=logprobs,
             token_texts=texts,
+            prompt_ids=started.prompt_ids.tolist()
+            if isinstance(request, CompletionRequest) and request.prompt_ids
+            else [],
         )
 
     def _pieces(
@@ -358,7 +380,7 @@ class ProxyCore:
                 calls.append(call)
         return events
 
-    def _sampling(self, trial: TrialContext, request: ChatRequest) -> SamplingParams:
+    def _sampling(self, trial: TrialContext, request: ChatRequest | CompletionRequest) -> SamplingParams:
         asked = request.sampling
         values: dict[str, Any] = {"max_tokens": asked.max_tokens or self.settings.default_max_tokens}
         for name in ("temperature", "top_p", "top_k", "seed"):
@@ -460,8 +482,90 @@ class ProxyCore:
         continuity.forced_prefix_reason = f"tool_choice={choice}"
         return forced
 
-    def _finish(self, trial_id: str, started: _Started, **record: Any) -> None:
+    def _completion_end(self, started: _Started, sampled: list[int], reply: Reply) -> tuple[bytes, dict[str, Any]]:
+        """A legacy completion's end keys: the hash of its ids, and for a text prompt its text keys."""
+        ids = np.concatenate([started.prompt_ids, np.asarray(sampled, dtype=np.int32)])
+        extra: dict[str, Any] = {"text_keys": None}
+        if started.prompt_text is not None:
+            sampled_text = str(self.renderer.tokenizer.decode(sampled, skip_special_tokens=False))
+            extra["text_keys"] = completion.text_keys(started.prompt_text, sampled_text, reply.content)
+        return completion.ids_hash(ids), extra
+
+    def _start_completion(self, trial: TrialContext, request: CompletionRequest, wire: str) -> _Started:
+        """A legacy completion's prompt ids (no template: see ``farm.proxy.completion``), recorded
+        as pending as ``_start`` does.
+
+        Raises:
+            InvalidSpec: an empty prompt, or ids outside the vocabulary.
+        """
+        renderer = self.renderer
+        given = request.prompt
+        if not given:
+            raise InvalidSpec("prompt must not be empty", field="prompt")
+        if not isinstance(given, str):
+            vocab = len(cast(Any, renderer.tokenizer))  # Hugging Face tokenizers: the vocabulary with added tokens
+            bad = next((t for t in given if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise InvalidSpec(f"prompt holds the id {bad}, outside the vocabulary (0..{vocab - 1})", field="prompt")
+        with self._early.connect() as conn:
+            ends = trials.completion_ends(conn, trial.id, wire)
+            match = completion.find(ends, given if isinstance(given, str) else np.asarray(given, dtype=np.int32))
+            continuity = Continuity()
+            parent: trials.Parent | None = None
+            if match.parent is not None:
+                end = match.parent
+                parent = trials.Parent(
+                    seq=end.seq,
+                    segment=end.segment,
+                    covered=0,
+                    finish_reason=end.finish_reason,
+                    last_sampled_id=None,
+                    stop_string=end.stop_string is not None,
+                )
+                if isinstance(given, str):
+                    parent_ids = self._ids.get((trial.id, end.seq))
+                    if parent_ids is None:
+                        parent_ids = trials.end_ids(conn, trial.id, end.seq)
+                    delta = renderer.encode(given[match.covered :]) if match.covered < len(given) else []
+                    prompt = np.concatenate([parent_ids, np.asarray(delta, dtype=np.int32)])
+                else:
+                    delta = list(given[match.covered :])
+                    prompt = np.asarray(given, dtype=np.int32)
+                continuity.extends = end.seq
+                continuity.reused_tokens, continuity.template_tokens = end.end_tokens, len(delta)
+            else:
+                delta = renderer.encode(given) if isinstance(given, str) else list(given)
+                prompt = np.asarray(delta, dtype=np.int32)
+                continuity.compared_with = match.compared_with
+                continuity.reason = match.reason
+                if continuity.reason is None:
+                    earlier = trials.latest_hashes(conn, trial.id)
+                    continuity.reason = "first call" if earlier is None else "the trial's first completion call"
+                    continuity.compared_with = earlier[0] if earlier is not None else None
+            seq = trials.add_call(
+                conn,
+                trial.id,
+                parent=parent,
+                wire=wire,
+                streamed=request.stream,
+                message_hashes=[completion.ids_hash(prompt)],
+                delta_ids=delta,
+                prompt_tokens=len(prompt),
+                continuity=continuity.as_dict(),
+            )
+            conn.commit()
+        text = given if isinstance(given, str) else None
+        return _Started(
+            seq=seq, parent_seq=parent.seq if parent else None, prompt_ids=prompt, hashes=[], prompt_text=text
+        )
+
+    def _finish(
+        self, trial_id: str, started: _Started, *, end: Callable[[], tuple[bytes, dict[str, Any]]], **record: Any
+    ) -> None:
+        """``end``: the call's end hash and what its reply's record adds to the reply (computed
+        here, off the event loop)."""
         reply: Reply = record.pop("reply")
+        end_hash, extra = end()
         with self.engine.begin() as conn:
             done = trials.finish_call(
                 conn,
@@ -469,7 +573,8 @@ class ProxyCore:
                 started.seq,
                 parent_seq=started.parent_seq,
                 finish_reason=reply.finish_reason,
-                reply=reply.model_dump(mode="json"),
+                reply={**reply.model_dump(mode="json"), **extra},
+                end_hash=end_hash,
                 **record,
             )
         if not done:
@@ -496,6 +601,10 @@ async def _whole(llm: LLMSession, prompt_ids: list[int], sampling: SamplingParam
     result = await llm.generate(prompt_ids, sampling)
     yield StreamDelta(token_ids=list(result.token_ids), logprobs=list(result.logprobs))
     yield result
+
+
+def _chat_end(last_hash: bytes, reply: Reply) -> tuple[bytes, dict[str, Any]]:
+    return extend(last_hash, reply.message()), {}
 
 
 def _explain_new_segment(

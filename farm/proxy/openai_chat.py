@@ -191,7 +191,7 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 
 
-def _usage(usage: Usage) -> dict[str, Any]:
+def usage_body(usage: Usage) -> dict[str, Any]:
     out: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -240,7 +240,7 @@ def response(done: Finished, *, model: str, completion_id: str, logprobs: bool) 
                 "finish_reason": reply.finish_reason,
             }
         ],
-        "usage": _usage(done.usage),
+        "usage": usage_body(done.usage),
         "system_fingerprint": None,
     }
 
@@ -297,7 +297,7 @@ async def stream(
                             "model": model,
                             "system_fingerprint": None,
                             "choices": [],
-                            "usage": _usage(event.usage),
+                            "usage": usage_body(event.usage),
                         }
                     )
     except ProxyError as exc:

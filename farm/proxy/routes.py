@@ -24,7 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from farm.errors import FarmError
-from farm.proxy import anthropic_messages, openai_chat, openai_responses
+from farm.proxy import anthropic_messages, openai_chat, openai_completions, openai_responses
 from farm.proxy.core import Event, Finished, ProxyCore, TrialContext
 from farm.proxy.errors import ProxyError, proxy_error, translated
 
@@ -178,6 +178,38 @@ def make_router(get_core: Callable[[Request], ProxyCore]) -> APIRouter:
             logprobs=chat.logprobs,
         )
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    @router.post("/completions", include_in_schema=False)
+    async def completions(trial: str, request: Request) -> Response:
+        core = get_core(request)
+        try:
+            ctx = await open_trial(core, trial, request)
+            body, echo, include_usage = openai_completions.parse(await read_json(request))
+            model = body.model or ctx.model
+            completion_id = openai_completions.new_id()
+            events = await answer(request, core.call(ctx, body, wire=openai_completions.WIRE), stream=body.stream)
+            shown = None
+            if echo:
+                shown = body.prompt if isinstance(body.prompt, str) else core.renderer.tokenizer.decode(body.prompt)
+            if isinstance(events, Finished):
+                return JSONResponse(
+                    openai_completions.response(
+                        events, model=model, completion_id=completion_id, echo=shown, logprobs=body.logprobs
+                    )
+                )
+        except ProxyError as exc:
+            return error_response(openai_completions.for_prompt(exc), openai_chat.error_body)
+        except HarnessGone:
+            return Response(status_code=CLIENT_GONE)
+        stream = openai_completions.stream(
+            events,
+            model=model,
+            completion_id=completion_id,
+            echo=shown,
+            include_usage=include_usage,
+            logprobs=body.logprobs,
+        )
+        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
 
     @router.post("/responses", include_in_schema=False)
     async def responses(trial: str, request: Request) -> Response:
