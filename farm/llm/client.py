@@ -262,7 +262,7 @@ class VLLMClient(_HttpBackend):
         sp = request.sampling
         start = time.perf_counter()
         if self.api in ("auto", "generate"):
-            sampling = {**sp.model_dump(exclude_none=True), "logprobs": 0}
+            sampling = {**sp.model_dump(exclude_none=True), "logprobs": _generate_logprobs(request)}
             payload: dict[str, Any] = {
                 "model": model,
                 "token_ids": request.prompt_token_ids,
@@ -283,7 +283,7 @@ class VLLMClient(_HttpBackend):
             "model": model,
             "prompt": request.prompt_token_ids,
             **sp.model_dump(exclude_none=True),
-            "logprobs": 0,
+            "logprobs": request.top_logprobs,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
         }
@@ -303,7 +303,7 @@ class VLLMClient(_HttpBackend):
         sp = request.sampling
         start = time.perf_counter()
         if self.api in ("auto", "generate"):
-            sampling = {**sp.model_dump(exclude_none=True), "logprobs": 0}
+            sampling = {**sp.model_dump(exclude_none=True), "logprobs": _generate_logprobs(request)}
             payload: dict[str, Any] = {
                 "model": model,
                 "token_ids": request.prompt_token_ids,
@@ -326,7 +326,7 @@ class VLLMClient(_HttpBackend):
             "model": model,
             "prompt": request.prompt_token_ids,
             **sp.model_dump(exclude_none=True),
-            "logprobs": 0,
+            "logprobs": request.top_logprobs,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
             "stream": True,
@@ -339,7 +339,7 @@ class VLLMClient(_HttpBackend):
     async def _read(
         self, response: httpx.Response, api: str, request: GenerateRequest, start: float
     ) -> AsyncGenerator[StreamItem, None]:
-        collected = Collected(api=api)
+        collected = Collected(api=api, top_logprobs=request.top_logprobs)
         async for chunk in events(response, self.backend_id):
             delta = collected.add(chunk, self.backend_id)
             if delta is not None:
@@ -374,6 +374,8 @@ class SGLangClient(_HttpBackend):
             "return_logprob": True,
             "logprob_start_len": -1,  # output tokens only
         }
+        if request.top_logprobs:
+            payload["top_logprobs_num"] = request.top_logprobs
         start = time.perf_counter()
         data = await self._request("POST", "/generate", payload)
         return parse_sglang(data, request, self.backend_id, time.perf_counter() - start)
@@ -382,11 +384,24 @@ class SGLangClient(_HttpBackend):
         """SGLang's ``/generate`` streams text with cumulative output, not ids per chunk as vLLM's
         routes do: the generation is taken whole and handed out as one delta and the result."""
         result = await self.generate(request)
-        yield StreamDelta(token_ids=list(result.token_ids), logprobs=list(result.logprobs))
+        yield StreamDelta(
+            token_ids=list(result.token_ids), logprobs=list(result.logprobs), top_logprobs=result.top_logprobs
+        )
         yield result
 
 
 BackendClient = VLLMClient | SGLangClient
+
+
+def _generate_logprobs(request: GenerateRequest) -> int:
+    """``sampling_params.logprobs`` for vLLM's tokens route.
+
+    Each position there lists the first ``logprobs`` entries of the engine's map, which holds the
+    sampled id first and then the top ids: asked for k, a position whose sampled id is not among
+    the top k would list only k - 1 of them. Asked for k + 1, every position lists all of the top k
+    (the parser keeps the k most likely). vLLM's ``--max-logprobs`` (20 by default) bounds it.
+    """
+    return request.top_logprobs + 1 if request.top_logprobs else 0
 
 
 def make_client(*, kind: BackendKind | str, base_url: str, **kwargs: Any) -> BackendClient:
