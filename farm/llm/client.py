@@ -4,14 +4,18 @@ Shapes are taken from the servers' own protocol modules (vLLM 0.32 ``openai/comp
 and ``scale_out/token_in_token_out/protocol.py``; SGLang ``tokenizer_manager.py``):
 
 - vLLM ``POST /v1/completions``: ``prompt`` as a list of ids, ``logprobs: 0`` (the sampled token's
-  logprob only), ``return_token_ids: true`` (adds ``choices[0].token_ids``) and
+  logprob only; ``k`` for ``top_logprobs``), ``return_token_ids: true`` (adds ``choices[0].token_ids``) and
   ``return_tokens_as_token_ids: true`` (names ``logprobs.tokens`` ``"token_id:N"``), so a server
   too old for ``return_token_ids`` still yields the ids.
 - vLLM ``POST /inference/v1/generate``: ``token_ids`` + ``sampling_params`` in;
   ``choices[0].token_ids`` and ``choices[0].logprobs.content[].logprob`` out. vLLM serves it only
   with ``--enable-scale-out``; in ``auto`` mode the client tries it once and falls back for good.
 - SGLang ``POST /generate``: ``input_ids`` + ``sampling_params`` + ``return_logprob``; ``output_ids``
-  and ``meta_info.output_token_logprobs`` (``[logprob, id, text]`` triples) out.
+  and ``meta_info.output_token_logprobs`` (``[logprob, id, text]`` triples) out (with
+  ``top_logprobs_num``, ``meta_info.output_top_logprobs``: such triples per position).
+
+Top logprobs (``GenerateRequest.top_logprobs``) are asked for only when wanted; how each route
+answers them: ``farm.llm.parse`` and ``_generate_logprobs``.
 
 Only failures before the request reached the server (connect errors) are retried: a generation
 that may have started is never sent twice.

@@ -72,6 +72,17 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class Sampled:
+    """Tokens as the backend sampled them, for a streamed call that asked for logprobs: their texts,
+    logprobs and (when asked for) their top logprobs as ``(text, logprob)``, most likely first. They
+    come before the text they make, which the stop matcher and tool-call parser may still hold back."""
+
+    token_texts: list[str]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[str, float]]]
+
+
+@dataclass(frozen=True)
 class ToolCallEvent:
     index: int
     call: ToolCall
@@ -102,7 +113,7 @@ class Finished:
     top_logprobs: list[list[tuple[str, float]]] = field(default_factory=list)
 
 
-Event = Started | TextDelta | ToolCallEvent | Finished
+Event = Started | Sampled | TextDelta | ToolCallEvent | Finished
 
 
 @dataclass
@@ -301,6 +312,8 @@ class ProxyCore:
                 sampled += item.token_ids
                 logprobs += item.logprobs
                 tops += item.top_logprobs or []
+                if request.stream and request.logprobs:
+                    yield _sampled(tokenizer, item)
                 text, stop_string = stops.push(decoder.push(item.token_ids))
                 for event in self._pieces(splitter.push(text), content, calls, call_id_prefix):
                     yielded = True
@@ -504,6 +517,18 @@ class ProxyCore:
                 trials.fail_call(conn, trial_id, seq, error, seen=seen)
         except Exception:  # the database is what failed: the pending row says the outcome is unknown
             log.exception("could not record the failure of call %s of trial %s", seq, trial_id)
+
+
+def _sampled(tokenizer: Any, item: StreamDelta) -> Sampled:
+    decoded: dict[int, str] = {}
+
+    def text(token: int) -> str:
+        if token not in decoded:
+            decoded[token] = tokenizer.decode([token], skip_special_tokens=False)
+        return decoded[token]
+
+    tops = [[(text(t), lp) for t, lp in top.items()] for top in item.top_logprobs or []]
+    return Sampled([text(t) for t in item.token_ids], list(item.logprobs), tops)
 
 
 async def _whole(

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
-from farm.proxy.core import Event, Finished, Started, TextDelta, ToolCallEvent, Usage
+from farm.proxy.core import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent, Usage
 from farm.proxy.errors import ProxyError
 
 WIRE = "openai.chat"
@@ -215,7 +215,7 @@ def check_top_logprobs(value: int | None) -> int:
     return value
 
 
-def token_logprobs(done: Finished) -> list[dict[str, Any]]:
+def token_logprobs(done: Finished | Sampled) -> list[dict[str, Any]]:
     """One ``{token, logprob, bytes, top_logprobs}`` per sampled token (Chat Completions' and
     Responses' shape); ``top_logprobs`` lists ``{token, logprob, bytes}``, most likely first."""
     tops = done.top_logprobs
@@ -300,8 +300,21 @@ def sse(data: dict[str, Any] | str) -> bytes:
 async def stream(
     events: AsyncIterator[Event], *, model: str, completion_id: str, include_usage: bool, logprobs: bool
 ) -> AsyncIterator[bytes]:
-    """Chunks as ``events`` come. An error after the first chunk ends the stream with an error event."""
+    """Chunks as ``events`` come. An error after the first chunk ends the stream with an error event.
+
+    With ``logprobs``, each content chunk carries the logprobs of the tokens sampled since the last
+    chunk that carried any (a token's text may be held back a little by the stop matcher or the
+    tool-call parser: its logprob goes with the next text out), and the finish chunk the rest.
+    """
     created = int(time.time())
+    pending: list[dict[str, Any]] = []
+
+    def take() -> dict[str, Any] | None:
+        if not logprobs:
+            return None
+        content = pending[:]
+        pending.clear()
+        return {"content": content, "refusal": None}
 
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
         body: dict[str, Any] = {
@@ -321,9 +334,11 @@ async def stream(
         async for event in events:
             if isinstance(event, Started):
                 continue
-            if isinstance(event, TextDelta):
+            if isinstance(event, Sampled):
+                pending.extend(token_logprobs(event))
+            elif isinstance(event, TextDelta):
                 if event.text:
-                    yield chunk({"content": event.text})
+                    yield chunk({"content": event.text}, logprobs=take())
             elif isinstance(event, ToolCallEvent):
                 head = {
                     "index": event.index,
@@ -334,7 +349,7 @@ async def stream(
                 yield chunk({"tool_calls": [head]})
                 yield chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.call.arguments}}]})
             else:
-                yield chunk({}, event.reply.finish_reason, logprobs=_logprobs(event) if logprobs else None)
+                yield chunk({}, event.reply.finish_reason, logprobs=take())
                 if include_usage:
                     yield sse(
                         {

@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
-from farm.proxy.core import Event, Finished, Started, TextDelta, ToolCallEvent
+from farm.proxy.core import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
 from farm.proxy.errors import ProxyError
 from farm.proxy.openai_chat import check_top_logprobs, error_body, text_of, token_logprobs
 
@@ -215,9 +215,10 @@ def response(done: Finished, *, model: str, response_id: str, logprobs: bool = F
 async def stream(
     events: AsyncIterator[Event], *, model: str, response_id: str, logprobs: bool = False
 ) -> AsyncIterator[bytes]:
-    """The SDK's named events. With ``logprobs``, the sampled tokens' logprobs are known once the
-    call is recorded (its end): they come with the text's ``done`` events when the text ends there,
-    and on the message item of ``response.completed`` in any case; each text delta carries ``[]``."""
+    """The SDK's named events. With ``logprobs``, each text delta carries the logprobs of the tokens
+    sampled since the last one, and the whole list (every sampled token's, known once the call is
+    recorded) comes with the text's ``done`` events when the text ends there, and on the message
+    item of ``response.completed`` (or ``.incomplete``) in any case."""
     created = int(time.time())
     seq = 0
 
@@ -232,6 +233,8 @@ async def stream(
     output: list[dict[str, Any]] = []
     text_id: str | None = None
     text = ""
+    #: logprobs of tokens sampled since the last text delta (streamed calls that asked for them).
+    pending: list[dict[str, Any]] = []
 
     def close_text(done: Finished | None = None) -> list[bytes]:
         nonlocal text_id, text
@@ -260,7 +263,9 @@ async def stream(
         async for event in events:
             if isinstance(event, Started):
                 continue
-            if isinstance(event, TextDelta):
+            if isinstance(event, Sampled):
+                pending.extend(token_logprobs(event))
+            elif isinstance(event, TextDelta):
                 if not event.text:
                     continue
                 if text_id is None:
@@ -277,7 +282,8 @@ async def stream(
                     )
                 text += event.text
                 delta = {"item_id": text_id, "output_index": len(output), "content_index": 0, "delta": event.text}
-                yield emit("response.output_text.delta", {**delta, "logprobs": []})
+                yield emit("response.output_text.delta", {**delta, "logprobs": pending[:]})
+                pending.clear()
             elif isinstance(event, ToolCallEvent):
                 for chunk in close_text():
                     yield chunk

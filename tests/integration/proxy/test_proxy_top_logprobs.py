@@ -78,8 +78,11 @@ def test_chat_top_logprobs_streamed(new_trial: Any, api: httpx.Client, teacher: 
             stream_options={"include_usage": True},
         )
     )
-    content = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+    carrying = [c.choices[0].logprobs.content for c in chunks if c.choices and c.choices[0].logprobs]
+    content = [e for part in carrying for e in part or []]
     assert chunks[-1].usage is not None and len(content) == chunks[-1].usage.completion_tokens
+    # The logprobs come with the content chunks as the tokens are decoded, not all at the end.
+    assert sum(1 for part in carrying if part) > 1
     _check(content, 3, api, trial["id"], teacher)
 
 
@@ -130,6 +133,8 @@ def test_responses_top_logprobs_whole_and_streamed(new_trial: Any, api: httpx.Cl
     with streaming.responses.stream(model="farm-tiny", input="top tokens, please", **asked) as stream:
         events = list(stream)
     done = [e for e in events if e.type == "response.output_text.done"]
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert sum(1 for e in deltas if e.logprobs) > 1
     # The answer runs into max_output_tokens: the last event is response.incomplete, with the response.
     final = events[-1].response  # type: ignore[union-attr]
     streamed = final.output[0].content[0]  # type: ignore[union-attr]
