@@ -227,5 +227,13 @@ def teacher_for(model_dir: Path) -> Callable[[list[int]], list[float]]:
         with torch.inference_mode():
             return model(torch.tensor([token_ids])).logits[0].argmax(dim=-1).tolist()
 
+    def top(token_ids: list[int], k: int) -> list[dict[int, float]]:
+        """The ``k`` most likely next tokens (id -> logprob, most likely first) after each prefix."""
+        with torch.inference_mode():
+            lp = torch.log_softmax(model(torch.tensor([token_ids])).logits[0].float(), dim=-1)
+        values, ids = torch.topk(lp, k, dim=-1)
+        return [dict(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(ids, values, strict=True)]
+
     logprobs.argmax = argmax  # type: ignore[attr-defined]
+    logprobs.top = top  # type: ignore[attr-defined]
     return logprobs

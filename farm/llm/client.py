@@ -4,14 +4,18 @@ Shapes are taken from the servers' own protocol modules (vLLM 0.32 ``openai/comp
 and ``scale_out/token_in_token_out/protocol.py``; SGLang ``tokenizer_manager.py``):
 
 - vLLM ``POST /v1/completions``: ``prompt`` as a list of ids, ``logprobs: 0`` (the sampled token's
-  logprob only), ``return_token_ids: true`` (adds ``choices[0].token_ids``) and
+  logprob only; ``k`` for ``top_logprobs``), ``return_token_ids: true`` (adds ``choices[0].token_ids``) and
   ``return_tokens_as_token_ids: true`` (names ``logprobs.tokens`` ``"token_id:N"``), so a server
   too old for ``return_token_ids`` still yields the ids.
 - vLLM ``POST /inference/v1/generate``: ``token_ids`` + ``sampling_params`` in;
   ``choices[0].token_ids`` and ``choices[0].logprobs.content[].logprob`` out. vLLM serves it only
   with ``--enable-scale-out``; in ``auto`` mode the client tries it once and falls back for good.
 - SGLang ``POST /generate``: ``input_ids`` + ``sampling_params`` + ``return_logprob``; ``output_ids``
-  and ``meta_info.output_token_logprobs`` (``[logprob, id, text]`` triples) out.
+  and ``meta_info.output_token_logprobs`` (``[logprob, id, text]`` triples) out (with
+  ``top_logprobs_num``, ``meta_info.output_top_logprobs``: such triples per position).
+
+Top logprobs (``GenerateRequest.top_logprobs``) are asked for only when wanted; how each route
+answers them: ``farm.llm.parse`` and ``_generate_logprobs``.
 
 Only failures before the request reached the server (connect errors) are retried: a generation
 that may have started is never sent twice.
@@ -262,7 +266,7 @@ class VLLMClient(_HttpBackend):
         sp = request.sampling
         start = time.perf_counter()
         if self.api in ("auto", "generate"):
-            sampling = {**sp.model_dump(exclude_none=True), "logprobs": 0}
+            sampling = {**sp.model_dump(exclude_none=True), "logprobs": _generate_logprobs(request)}
             payload: dict[str, Any] = {
                 "model": model,
                 "token_ids": request.prompt_token_ids,
@@ -283,7 +287,7 @@ class VLLMClient(_HttpBackend):
             "model": model,
             "prompt": request.prompt_token_ids,
             **sp.model_dump(exclude_none=True),
-            "logprobs": 0,
+            "logprobs": request.top_logprobs,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
         }
@@ -303,7 +307,7 @@ class VLLMClient(_HttpBackend):
         sp = request.sampling
         start = time.perf_counter()
         if self.api in ("auto", "generate"):
-            sampling = {**sp.model_dump(exclude_none=True), "logprobs": 0}
+            sampling = {**sp.model_dump(exclude_none=True), "logprobs": _generate_logprobs(request)}
             payload: dict[str, Any] = {
                 "model": model,
                 "token_ids": request.prompt_token_ids,
@@ -326,7 +330,7 @@ class VLLMClient(_HttpBackend):
             "model": model,
             "prompt": request.prompt_token_ids,
             **sp.model_dump(exclude_none=True),
-            "logprobs": 0,
+            "logprobs": request.top_logprobs,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
             "stream": True,
@@ -339,7 +343,7 @@ class VLLMClient(_HttpBackend):
     async def _read(
         self, response: httpx.Response, api: str, request: GenerateRequest, start: float
     ) -> AsyncGenerator[StreamItem, None]:
-        collected = Collected(api=api)
+        collected = Collected(api=api, top_logprobs=request.top_logprobs)
         async for chunk in events(response, self.backend_id):
             delta = collected.add(chunk, self.backend_id)
             if delta is not None:
@@ -374,6 +378,8 @@ class SGLangClient(_HttpBackend):
             "return_logprob": True,
             "logprob_start_len": -1,  # output tokens only
         }
+        if request.top_logprobs:
+            payload["top_logprobs_num"] = request.top_logprobs
         start = time.perf_counter()
         data = await self._request("POST", "/generate", payload)
         return parse_sglang(data, request, self.backend_id, time.perf_counter() - start)
@@ -382,11 +388,24 @@ class SGLangClient(_HttpBackend):
         """SGLang's ``/generate`` streams text with cumulative output, not ids per chunk as vLLM's
         routes do: the generation is taken whole and handed out as one delta and the result."""
         result = await self.generate(request)
-        yield StreamDelta(token_ids=list(result.token_ids), logprobs=list(result.logprobs))
+        yield StreamDelta(
+            token_ids=list(result.token_ids), logprobs=list(result.logprobs), top_logprobs=result.top_logprobs
+        )
         yield result
 
 
 BackendClient = VLLMClient | SGLangClient
+
+
+def _generate_logprobs(request: GenerateRequest) -> int:
+    """``sampling_params.logprobs`` for vLLM's tokens route.
+
+    Each position there lists the first ``logprobs`` entries of the engine's map, which holds the
+    sampled id first and then the top ids: asked for k, a position whose sampled id is not among
+    the top k would list only k - 1 of them. Asked for k + 1, every position lists all of the top k
+    (the parser keeps the k most likely). vLLM's ``--max-logprobs`` (20 by default) bounds it.
+    """
+    return request.top_logprobs + 1 if request.top_logprobs else 0
 
 
 def make_client(*, kind: BackendKind | str, base_url: str, **kwargs: Any) -> BackendClient:

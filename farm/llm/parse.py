@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from farm.errors import UpstreamError
-from farm.llm.types import FinishReason, GenerateRequest, GenerateResult
+from farm.llm.types import FinishReason, GenerateRequest, GenerateResult, TopLogprobs
 from farm.schemas import VersionSpan
 
 _TOKEN_ID_PREFIX = "token_id:"
@@ -74,6 +74,65 @@ def weight_versions(value: Any, num_tokens: int) -> list[VersionSpan]:
     return spans if at == num_tokens else []
 
 
+def best(candidates: TopLogprobs, k: int) -> TopLogprobs:
+    """The ``k`` most likely of ``candidates``, most likely first (ties keep the server's order)."""
+    return dict(sorted(candidates.items(), key=lambda item: -item[1])[:k])
+
+
+def _top_maps(rows: Any, num: int, k: int, backend: str, read: Any) -> list[TopLogprobs]:
+    """One id -> logprob map per sampled id, from a server's per-position ``rows`` read by ``read``
+    (a row -> [(id, logprob)]), cut to the ``k`` most likely.
+
+    Raises:
+        UpstreamError: the rows are missing, one per id they are not, or an entry is malformed.
+    """
+    if not isinstance(rows, list) or len(rows) != num:
+        raise UpstreamError(
+            f"LLM backend sent no top logprobs for each of the {num} sampled ids (top logprobs ignored?)",
+            backend=backend,
+        )
+    maps: list[TopLogprobs] = []
+    for row in rows:
+        try:
+            pairs = read(row)
+            candidates = {int(t): float(v) for t, v in pairs}
+        except (TypeError, ValueError, KeyError, IndexError) as exc:
+            raise UpstreamError(
+                f"LLM backend sent a malformed top logprobs entry: {row!r:.200}", backend=backend
+            ) from exc
+        if any(isinstance(t, bool) or isinstance(v, bool) for t, v in pairs):
+            raise UpstreamError(f"LLM backend sent a malformed top logprobs entry: {row!r:.200}", backend=backend)
+        maps.append(best(candidates, k))
+    return maps
+
+
+def _completion_pairs(row: Any) -> list[tuple[int, float]]:
+    # vLLM's completions map: "token_id:N" -> logprob, the sampled id first, then the requested top-k.
+    if not isinstance(row, dict):
+        raise TypeError(row)
+    pairs = []
+    for name, value in row.items():
+        if not isinstance(name, str) or not name.startswith(_TOKEN_ID_PREFIX):
+            raise ValueError(name)
+        pairs.append((int(name[len(_TOKEN_ID_PREFIX) :]), value))
+    return pairs
+
+
+def _generate_pairs(row: Any) -> list[tuple[int, float]]:
+    # vLLM's tokens route: a content entry's ``top_logprobs`` list of {"token_id", "logprob", "rank"}.
+    tops = row["top_logprobs"]
+    if not isinstance(tops, list):
+        raise TypeError(tops)
+    return [(entry["token_id"], entry["logprob"]) for entry in tops]
+
+
+def _sglang_pairs(row: Any) -> list[tuple[int, float]]:
+    # SGLang: a position's list of [logprob, id, text-or-null] (None for a position without any).
+    if not isinstance(row, list):
+        raise TypeError(row)
+    return [(entry[1], entry[0]) for entry in row]
+
+
 def _first_choice(data: dict[str, Any], backend: str) -> dict[str, Any]:
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -109,7 +168,12 @@ def parse_completion(data: dict[str, Any], request: GenerateRequest, backend: st
             backend=backend,
         )
     usage = data.get("usage")
-    return _result(ids, logprobs, choice.get("finish_reason"), request, backend, latency_s, data, usage)
+    result = _result(ids, logprobs, choice.get("finish_reason"), request, backend, latency_s, data, usage)
+    if request.top_logprobs:
+        result.top_logprobs = _top_maps(
+            lp.get("top_logprobs"), len(ids), request.top_logprobs, backend, _completion_pairs
+        )
+    return result
 
 
 def parse_generate(data: dict[str, Any], request: GenerateRequest, backend: str, latency_s: float) -> GenerateResult:
@@ -127,6 +191,8 @@ def parse_generate(data: dict[str, Any], request: GenerateRequest, backend: str,
     logprobs = _floats([c.get("logprob") for c in content], backend)
     result = _result(ids, logprobs, choice.get("finish_reason"), request, backend, latency_s, data, data.get("usage"))
     result.weight_versions = weight_versions(choice.get("weight_versions"), len(ids))
+    if request.top_logprobs:
+        result.top_logprobs = _top_maps(content, len(ids), request.top_logprobs, backend, _generate_pairs)
     return result
 
 
@@ -151,6 +217,10 @@ def parse_sglang(data: dict[str, Any], request: GenerateRequest, backend: str, l
     cached = meta.get("cached_tokens")
     result = _result(ids, logprobs, reason, request, backend, latency_s, data, None)
     result.cached_tokens = cached if isinstance(cached, int) else None
+    if request.top_logprobs:
+        result.top_logprobs = _top_maps(
+            meta.get("output_top_logprobs"), len(ids), request.top_logprobs, backend, _sglang_pairs
+        )
     return result
 
 

@@ -21,7 +21,7 @@ from farm.config import LLMSettings
 from farm.errors import BackendsPaused, NoBackendAvailable, UpstreamConnectError, UpstreamError
 from farm.llm.balancer import Balancer, Lease
 from farm.llm.client import BackendClient, StreamItem, make_client
-from farm.llm.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams, StreamDelta
+from farm.llm.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams, StreamDelta, TopLogprobs
 
 T = TypeVar("T")
 
@@ -104,8 +104,11 @@ class LLMSession:
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None) -> GenerateResult:
-        """One turn on the job's backend.
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams | None = None, *, top_logprobs: int = 0
+    ) -> GenerateResult:
+        """One turn on the job's backend (with ``top_logprobs`` > 0, each sampled id's most likely
+        tokens too: ``GenerateResult.top_logprobs``).
 
         A backend that cannot be reached (the request never got there) is ejected from the balancer
         and the turn goes to another; the health checker re-admits it once it answers. While the farm
@@ -117,7 +120,9 @@ class LLMSession:
             UpstreamError: the backend failed after it got the request (timeout, error status, bad
                 body), or kept aborting it while the farm was not paused.
         """
-        request = GenerateRequest(prompt_token_ids=prompt_ids, sampling=sampling or SamplingParams())
+        request = GenerateRequest(
+            prompt_token_ids=prompt_ids, sampling=sampling or SamplingParams(), top_logprobs=top_logprobs
+        )
         last: UpstreamConnectError | None = None
         reroutes = unpaused_aborts = 0
         while reroutes <= self.max_reroutes:
@@ -145,7 +150,7 @@ class LLMSession:
         )
 
     async def generate_stream(
-        self, prompt_ids: list[int], sampling: SamplingParams | None = None
+        self, prompt_ids: list[int], sampling: SamplingParams | None = None, *, top_logprobs: int = 0
     ) -> AsyncGenerator[StreamItem, None]:
         """One turn, streamed: ``StreamDelta``s as the backend samples them, then the whole
         ``GenerateResult``. Closing the iterator early closes the request, which aborts it on the
@@ -158,9 +163,12 @@ class LLMSession:
         Raises:
             NoBackendAvailable, UpstreamError: as ``generate``.
         """
-        request = GenerateRequest(prompt_token_ids=prompt_ids, sampling=sampling or SamplingParams())
+        request = GenerateRequest(
+            prompt_token_ids=prompt_ids, sampling=sampling or SamplingParams(), top_logprobs=top_logprobs
+        )
         ids: list[int] = []
         logprobs: list[float] = []
+        tops: list[TopLogprobs] = []
         versions: list[tuple[int, int, int]] = []
         last: UpstreamConnectError | None = None
         reroutes = unpaused_aborts = 0
@@ -184,6 +192,7 @@ class LLMSession:
             at = len(ids)
             ids += result.token_ids
             logprobs += result.logprobs
+            tops += result.top_logprobs or []
             versions += [(v, at + s, at + e) for v, s, e in result.weight_versions]
             if result.finish_reason is not FinishReason.ABORT or len(ids) >= request.sampling.max_tokens:
                 finish = result.finish_reason if result.finish_reason is not FinishReason.ABORT else FinishReason.LENGTH
@@ -191,6 +200,7 @@ class LLMSession:
                     update={
                         "token_ids": ids,
                         "logprobs": logprobs,
+                        "top_logprobs": tops if top_logprobs else None,
                         "weight_versions": versions,
                         "finish_reason": finish,
                         "prompt_tokens": len(prompt_ids),
@@ -262,7 +272,9 @@ async def until_cancelled(call: Awaitable[T], is_cancelled: Callable[[], bool]) 
 def _continued(request: GenerateRequest, ids: list[int]) -> GenerateRequest:
     """The rest of a turn whose first ``ids`` were sampled (and handed out) before an abort."""
     sampling = request.sampling.model_copy(update={"max_tokens": request.sampling.max_tokens - len(ids)})
-    return GenerateRequest(prompt_token_ids=[*request.prompt_token_ids, *ids], sampling=sampling)
+    return GenerateRequest(
+        prompt_token_ids=[*request.prompt_token_ids, *ids], sampling=sampling, top_logprobs=request.top_logprobs
+    )
 
 
 def stamped(result: GenerateResult, weight_version: int) -> GenerateResult:

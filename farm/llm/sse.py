@@ -19,7 +19,7 @@ import httpx
 
 from farm.errors import UpstreamError
 from farm.llm.parse import parse_completion, parse_generate, weight_versions
-from farm.llm.types import FinishReason, GenerateRequest, GenerateResult, StreamDelta
+from farm.llm.types import FinishReason, GenerateRequest, GenerateResult, StreamDelta, TopLogprobs
 
 _TOKEN_ID_PREFIX = "token_id:"
 
@@ -55,8 +55,11 @@ class Collected:
     non-streamed answer is built."""
 
     api: str
+    #: the request's ``top_logprobs`` (0: none asked for, none read).
+    top_logprobs: int = 0
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    tops: list[TopLogprobs] = field(default_factory=list)
     finish_reason: Any = None
     stop_reason: Any = None
     weight_versions: Any = None
@@ -82,24 +85,29 @@ class Collected:
             self.stop_reason = choice.get("stop_reason")
         if choice.get("weight_versions") is not None:
             self.weight_versions = choice["weight_versions"]
-        if not as_result[0]:
+        ids, logprobs, tops = as_result
+        if not ids:
             return None
-        self.token_ids += as_result[0]
-        self.logprobs += as_result[1]
-        return StreamDelta(token_ids=as_result[0], logprobs=as_result[1])
+        self.token_ids += ids
+        self.logprobs += logprobs
+        if tops is not None:
+            self.tops += tops
+        return StreamDelta(token_ids=ids, logprobs=logprobs, top_logprobs=tops)
 
-    def _one_choice_result(self, choice: dict[str, Any], backend: str) -> tuple[list[int], list[float]]:
+    def _one_choice_result(
+        self, choice: dict[str, Any], backend: str
+    ) -> tuple[list[int], list[float], list[TopLogprobs] | None]:
         """A streamed choice read by the same parser as a whole answer (one choice, no usage)."""
         ids = choice.get("token_ids")
         if self.api == "completions" and not ids and not (choice.get("logprobs") or {}).get("tokens"):
-            return [], []
+            return [], [], None
         if self.api == "generate" and not ids:
-            return [], []
+            return [], [], None
         probe = {**choice, "finish_reason": choice.get("finish_reason") or "abort"}
-        request = GenerateRequest(prompt_token_ids=[0])
+        request = GenerateRequest(prompt_token_ids=[0], top_logprobs=self.top_logprobs)
         parse = parse_completion if self.api == "completions" else parse_generate
         part = parse({"choices": [probe]}, request, backend, 0.0)
-        return part.token_ids, part.logprobs
+        return part.token_ids, part.logprobs, part.top_logprobs
 
     def result(self, request: GenerateRequest, backend: str, latency_s: float) -> GenerateResult:
         """The whole generation, as the non-streamed answer would have given it.
@@ -127,4 +135,5 @@ class Collected:
             queue_s=float(self.queue_ms) / 1000.0 if isinstance(self.queue_ms, int | float) else 0.0,
             cached_tokens=cached if isinstance(cached, int) else None,
             weight_versions=weight_versions(self.weight_versions, len(self.token_ids)),
+            top_logprobs=self.tops if self.top_logprobs else None,
         )

@@ -21,11 +21,20 @@ class BackendKind(StrEnum):
     BUILTIN = "builtin"
 
 
+#: a map of token id -> logprob: the most likely tokens at one sampled position, most likely first.
+TopLogprobs = dict[int, float]
+
+
 class GenerateRequest(BaseModel):
-    """One generation: a token-id prompt and how to sample its continuation."""
+    """One generation: a token-id prompt and how to sample its continuation.
+
+    ``top_logprobs`` asks for the ``k`` most likely tokens at each sampled position (0: none, and
+    nothing extra is computed or sent). It is not a sampling parameter: a batch never sets it.
+    """
 
     prompt_token_ids: list[int] = Field(min_length=1)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
+    top_logprobs: int = Field(default=0, ge=0)
 
 
 class FinishReason(StrEnum):
@@ -54,19 +63,25 @@ class GenerateResult(BaseModel):
     #: backend where it says so (vLLM's ``weight_versions``), else by the session from the version
     #: the backend was registered with when the request went out.
     weight_versions: list[VersionSpan] = Field(default_factory=list)
+    #: per sampled id, the request's ``top_logprobs`` most likely tokens; None when none were asked for.
+    top_logprobs: list[TopLogprobs] | None = None
 
     @model_validator(mode="after")
     def _aligned(self) -> GenerateResult:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"{len(self.token_ids)} token ids but {len(self.logprobs)} logprobs")
+        if self.top_logprobs is not None and len(self.top_logprobs) != len(self.token_ids):
+            raise ValueError(f"{len(self.token_ids)} token ids but {len(self.top_logprobs)} top_logprobs")
         return self
 
 
 class StreamDelta(BaseModel):
-    """Ids a streamed generation sampled since the previous delta, with their logprobs."""
+    """Ids a streamed generation sampled since the previous delta, with their logprobs (and their
+    top logprobs when the request asked for them)."""
 
     token_ids: list[int]
     logprobs: list[float]
+    top_logprobs: list[TopLogprobs] | None = None
 
 
 __all__ = [
@@ -77,4 +92,5 @@ __all__ = [
     "GenerateResult",
     "SamplingParams",
     "StreamDelta",
+    "TopLogprobs",
 ]

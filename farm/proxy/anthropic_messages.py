@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
-from farm.proxy.core import Event, Finished, Started, TextDelta, ToolCallEvent
+from farm.proxy.core import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
 from farm.proxy.errors import CONTEXT_LENGTH, ProxyError
 
 WIRE = "anthropic.messages"
@@ -254,7 +254,7 @@ async def stream(events: AsyncIterator[Event], *, model: str, message_id: str) -
     text_open = False
     try:
         async for event in events:
-            if isinstance(event, Started):
+            if isinstance(event, Started | Sampled):
                 continue
             if isinstance(event, TextDelta):
                 if not event.text:

@@ -106,6 +106,8 @@ class ChatRequest(BaseModel):
     stream: bool = False
     #: the format asked for per-token logprobs in its answer (they are recorded either way).
     logprobs: bool = False
+    #: with ``logprobs``: how many of the most likely tokens to list at each position (not recorded).
+    top_logprobs: int = 0
 
 
 class CompletionRequest(BaseModel):
@@ -118,6 +120,8 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     #: the answer carries per-token logprobs (they are recorded either way).
     logprobs: bool = False
+    #: with ``logprobs``: how many of the most likely tokens to list at each position (not recorded).
+    top_logprobs: int = 0
     #: the answer carries the prompt's ids (vLLM's ``return_token_ids``).
     prompt_ids: bool = False
 

@@ -34,7 +34,7 @@ from farm.errors import InvalidSpec, Unauthorized
 from farm.llm.balancer import Balancer
 from farm.llm.client import StreamItem
 from farm.llm.session import ClientPool, LLMSession
-from farm.llm.types import FinishReason, GenerateResult, SamplingParams, StreamDelta
+from farm.llm.types import FinishReason, GenerateResult, SamplingParams, StreamDelta, TopLogprobs
 from farm.proxy import completion
 from farm.proxy.continuity import Continuity, NoCallOpening, Renderer, TemplateFork
 from farm.proxy.conversation import ChatRequest, CompletionRequest, Message, Reply, ToolCall, chain, extend
@@ -74,6 +74,17 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class Sampled:
+    """Tokens as the backend sampled them, for a streamed call that asked for logprobs: their texts,
+    logprobs and (when asked for) their top logprobs as ``(text, logprob)``, most likely first. They
+    come before the text they make, which the stop matcher and tool-call parser may still hold back."""
+
+    token_texts: list[str]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[str, float]]]
+
+
+@dataclass(frozen=True)
 class ToolCallEvent:
     index: int
     call: ToolCall
@@ -101,9 +112,12 @@ class Finished:
     token_texts: list[str] = field(default_factory=list)
     #: the prompt's ids, for a format that returns them (``CompletionRequest.prompt_ids``).
     prompt_ids: list[int] = field(default_factory=list)
+    #: per sampled token, when the request asked for top logprobs: the most likely tokens' texts and
+    #: logprobs, most likely first.
+    top_logprobs: list[list[tuple[str, float]]] = field(default_factory=list)
 
 
-Event = Started | TextDelta | ToolCallEvent | Finished
+Event = Started | Sampled | TextDelta | ToolCallEvent | Finished
 
 
 @dataclass
@@ -273,6 +287,8 @@ class ProxyCore:
         forced_events = self._pieces(splitter.push(forced_text), content, calls, call_id_prefix)
         sampled: list[int] = []
         logprobs: list[float] = []
+        # Returned to the harness, not recorded: a trainer needs the sampled ids' logprobs only.
+        tops: list[TopLogprobs] = []
         start = time.perf_counter()
         first_token_s: float | None = None
         yielded = False
@@ -289,10 +305,11 @@ class ProxyCore:
             # read from the backend as it is decoded; any other is asked for whole: one answer to
             # parse instead of a chunk per token.
             prompt_ids = started.prompt_ids.tolist()
+            num_top = request.top_logprobs if request.logprobs else 0
             if request.stream or request.sampling.stop:
-                stream = llm.generate_stream(prompt_ids, sampling)
+                stream = llm.generate_stream(prompt_ids, sampling, top_logprobs=num_top)
             else:
-                stream = _whole(llm, prompt_ids, sampling)
+                stream = _whole(llm, prompt_ids, sampling, num_top)
             async for item in stream:
                 if isinstance(item, GenerateResult):
                     finish, backend_id, cached, versions = (
@@ -310,6 +327,9 @@ class ProxyCore:
                         yield event
                 sampled += item.token_ids
                 logprobs += item.logprobs
+                tops += item.top_logprobs or []
+                if request.stream and request.logprobs:
+                    yield _sampled(tokenizer, item)
                 text, stop_string = stops.push(decoder.push(item.token_ids))
                 for event in self._pieces(splitter.push(text), content, calls, call_id_prefix):
                     yielded = True
@@ -353,7 +373,14 @@ class ProxyCore:
         except BaseException as exc:
             await asyncio.shield(self._in_thread(self._fail, trial.id, started.seq, exc, yielded and request.stream))
             raise
-        texts = [tokenizer.decode([t], skip_special_tokens=False) for t in sampled] if request.logprobs else []
+        texts: list[str] = []
+        top_texts: list[list[tuple[str, float]]] = []
+        if request.logprobs:
+            # Each distinct id decoded once: k top tokens per position repeat a lot.
+            wanted = set(sampled).union(*(top.keys() for top in tops))
+            decoded = {t: tokenizer.decode([t], skip_special_tokens=False) for t in wanted}
+            texts = [decoded[t] for t in sampled]
+            top_texts = [[(decoded[t], lp) for t, lp in top.items()] for top in tops[: len(sampled)]]
         yield Finished(
             reply=reply,
             usage=Usage(prompt_tokens=len(started.prompt_ids), completion_tokens=len(sampled), cached_tokens=cached),
@@ -364,6 +391,7 @@ class ProxyCore:
             prompt_ids=started.prompt_ids.tolist()
             if isinstance(request, CompletionRequest) and request.prompt_ids
             else [],
+            top_logprobs=top_texts,
         )
 
     def _pieces(
@@ -596,10 +624,26 @@ class ProxyCore:
             log.exception("could not record the failure of call %s of trial %s", seq, trial_id)
 
 
-async def _whole(llm: LLMSession, prompt_ids: list[int], sampling: SamplingParams) -> AsyncGenerator[StreamItem, None]:
+def _sampled(tokenizer: Any, item: StreamDelta) -> Sampled:
+    decoded: dict[int, str] = {}
+
+    def text(token: int) -> str:
+        if token not in decoded:
+            decoded[token] = tokenizer.decode([token], skip_special_tokens=False)
+        return decoded[token]
+
+    tops = [[(text(t), lp) for t, lp in top.items()] for top in item.top_logprobs or []]
+    return Sampled([text(t) for t in item.token_ids], list(item.logprobs), tops)
+
+
+async def _whole(
+    llm: LLMSession, prompt_ids: list[int], sampling: SamplingParams, top_logprobs: int
+) -> AsyncGenerator[StreamItem, None]:
     """One non-streamed generation in the shape of a stream: all its ids, then the result."""
-    result = await llm.generate(prompt_ids, sampling)
-    yield StreamDelta(token_ids=list(result.token_ids), logprobs=list(result.logprobs))
+    result = await llm.generate(prompt_ids, sampling, top_logprobs=top_logprobs)
+    yield StreamDelta(
+        token_ids=list(result.token_ids), logprobs=list(result.logprobs), top_logprobs=result.top_logprobs
+    )
     yield result
 
 

@@ -19,10 +19,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
-from farm.proxy.core import Event, Finished, Started, TextDelta, ToolCallEvent, Usage
+from farm.proxy.core import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent, Usage
 from farm.proxy.errors import ProxyError
 
 WIRE = "openai.chat"
+#: OpenAI's bound on ``top_logprobs`` (Chat Completions and Responses alike).
+MAX_TOP_LOGPROBS = 20
 
 
 class _Function(BaseModel):
@@ -72,7 +74,7 @@ class ChatCompletionBody(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, strict=True)
     n: int | None = None
     stream: bool | None = False
     stream_options: _StreamOptions | None = None
@@ -110,6 +112,11 @@ def parse(raw: Any) -> tuple[ChatRequest, bool]:
         raise ProxyError(400, f"invalid request: {where}: {first['msg']}", param=where) from exc
     if body.n not in (None, 1):
         raise ProxyError(400, "n must be 1: the proxy samples one answer per request", param="n")
+    top_logprobs = check_top_logprobs(body.top_logprobs)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ProxyError(
+            400, "The 'top_logprobs' parameter is only allowed when 'logprobs' is enabled.", param="top_logprobs"
+        )
     messages = []
     for i, m in enumerate(body.messages):
         role = "system" if m.role == "developer" else m.role
@@ -176,9 +183,53 @@ def parse(raw: Any) -> tuple[ChatRequest, bool]:
         ),
         stream=bool(body.stream),
         logprobs=bool(body.logprobs),
+        top_logprobs=top_logprobs,
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return request, include_usage
+
+
+def check_top_logprobs(value: int | None) -> int:
+    """``top_logprobs`` as OpenAI bounds it (None: 0).
+
+    Raises:
+        ProxyError: 400 naming ``top_logprobs`` when it is outside 0..20.
+    """
+    if value is None:
+        return 0
+    if value < 0:
+        raise ProxyError(
+            400,
+            f"Invalid 'top_logprobs': integer below minimum value. Expected a value >= 0, but got {value} instead.",
+            param="top_logprobs",
+            code="integer_below_min_value",
+        )
+    if value > MAX_TOP_LOGPROBS:
+        raise ProxyError(
+            400,
+            f"Invalid 'top_logprobs': integer above maximum value. Expected a value <= {MAX_TOP_LOGPROBS}, "
+            f"but got {value} instead.",
+            param="top_logprobs",
+            code="integer_above_max_value",
+        )
+    return value
+
+
+def token_logprobs(done: Finished | Sampled) -> list[dict[str, Any]]:
+    """One ``{token, logprob, bytes, top_logprobs}`` per sampled token (Chat Completions' and
+    Responses' shape); ``top_logprobs`` lists ``{token, logprob, bytes}``, most likely first."""
+    tops = done.top_logprobs
+    return [
+        {
+            "token": text,
+            "logprob": lp,
+            "bytes": list(text.encode()),
+            "top_logprobs": [
+                {"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in (tops[i] if i < len(tops) else [])
+            ],
+        }
+        for i, (text, lp) in enumerate(zip(done.token_texts, done.logprobs, strict=True))
+    ]
 
 
 def _arguments(value: str | dict[str, Any]) -> str:
@@ -203,11 +254,7 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 
 
 def _logprobs(done: Finished) -> dict[str, Any]:
-    content = [
-        {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
-        for text, lp in zip(done.token_texts, done.logprobs, strict=True)
-    ]
-    return {"content": content, "refusal": None}
+    return {"content": token_logprobs(done), "refusal": None}
 
 
 def _tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
@@ -253,8 +300,21 @@ def sse(data: dict[str, Any] | str) -> bytes:
 async def stream(
     events: AsyncIterator[Event], *, model: str, completion_id: str, include_usage: bool, logprobs: bool
 ) -> AsyncIterator[bytes]:
-    """Chunks as ``events`` come. An error after the first chunk ends the stream with an error event."""
+    """Chunks as ``events`` come. An error after the first chunk ends the stream with an error event.
+
+    With ``logprobs``, each content chunk carries the logprobs of the tokens sampled since the last
+    chunk that carried any (a token's text may be held back a little by the stop matcher or the
+    tool-call parser: its logprob goes with the next text out), and the finish chunk the rest.
+    """
     created = int(time.time())
+    pending: list[dict[str, Any]] = []
+
+    def take() -> dict[str, Any] | None:
+        if not logprobs:
+            return None
+        content = pending[:]
+        pending.clear()
+        return {"content": content, "refusal": None}
 
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
         body: dict[str, Any] = {
@@ -274,9 +334,11 @@ async def stream(
         async for event in events:
             if isinstance(event, Started):
                 continue
-            if isinstance(event, TextDelta):
+            if isinstance(event, Sampled):
+                pending.extend(token_logprobs(event))
+            elif isinstance(event, TextDelta):
                 if event.text:
-                    yield chunk({"content": event.text})
+                    yield chunk({"content": event.text}, logprobs=take())
             elif isinstance(event, ToolCallEvent):
                 head = {
                     "index": event.index,
@@ -287,7 +349,7 @@ async def stream(
                 yield chunk({"tool_calls": [head]})
                 yield chunk({"tool_calls": [{"index": event.index, "function": {"arguments": event.call.arguments}}]})
             else:
-                yield chunk({}, event.reply.finish_reason, logprobs=_logprobs(event) if logprobs else None)
+                yield chunk({}, event.reply.finish_reason, logprobs=take())
                 if include_usage:
                     yield sse(
                         {

@@ -6,13 +6,13 @@ is a 400 naming the field: several prompts, ``n`` or ``best_of`` above 1, ``suff
 together with ``logprobs`` (that needs the prompt's logprobs, which no backend returns here).
 ``echo`` alone prepends the prompt's text to the answer.
 
-``logprobs`` (an int) answers in the legacy shape ``{tokens, token_logprobs, top_logprobs,
-text_offset}``; each ``top_logprobs`` entry holds the sampled token only (its logprob is exact: the
-backends return no alternatives). vLLM's ``return_token_ids`` adds ``prompt_token_ids`` and
-``token_ids`` to the choice. Streaming sends a chunk per text delta as the model decodes, then a
-chunk with ``finish_reason`` (and, asked for, the logprobs and ids of the whole answer), the usage
-chunk with empty ``choices`` only when ``stream_options.include_usage`` asks for it, and
-``data: [DONE]``.
+``logprobs`` (an int k) answers in the legacy shape ``{tokens, token_logprobs, top_logprobs,
+text_offset}``; each ``top_logprobs`` entry holds the sampled token (its logprob is exact: the
+recorded one) and the k most likely tokens, as vLLM lists them. vLLM's ``return_token_ids`` adds
+``prompt_token_ids`` and ``token_ids`` to the choice. Streaming sends a chunk per text delta as the
+model decodes, then a chunk with ``finish_reason`` (and, asked for, the logprobs and ids of the
+whole answer), the usage chunk with empty ``choices`` only when ``stream_options.include_usage``
+asks for it, and ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -124,6 +124,7 @@ def parse(raw: Any) -> tuple[CompletionRequest, bool, bool]:
         ),
         stream=bool(body.stream),
         logprobs=body.logprobs is not None,
+        top_logprobs=body.logprobs or 0,
         prompt_ids=bool(body.return_token_ids),
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -149,19 +150,21 @@ def _logprobs(done: Finished, *, offset: int) -> dict[str, Any]:
     token_logprobs: list[float] = []
     offsets: list[int] = []
     at = 0
-    for text, logprob in zip(done.token_texts, done.logprobs, strict=True):
+    tops: list[dict[str, float]] = []
+    for i, (text, logprob) in enumerate(zip(done.token_texts, done.logprobs, strict=True)):
         if at >= shown:
             break
         tokens.append(text)
         token_logprobs.append(logprob)
         offsets.append(offset + at)
         at += len(text)
-    return {
-        "tokens": tokens,
-        "token_logprobs": token_logprobs,
-        "top_logprobs": [{t: lp} for t, lp in zip(tokens, token_logprobs, strict=True)],
-        "text_offset": offsets,
-    }
+        # The sampled token first, then the k most likely, as vLLM lists them (keyed by text, so
+        # tokens that read alike share an entry: the legacy shape cannot tell them apart).
+        top = {text: logprob}
+        for token, lp in done.top_logprobs[i] if i < len(done.top_logprobs) else []:
+            top.setdefault(token, lp)
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
 def _choice(done: Finished | None, *, text: str, offset: int, logprobs: bool, finish: str | None) -> dict[str, Any]:

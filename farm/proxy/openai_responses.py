@@ -26,12 +26,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
-from farm.proxy.core import Event, Finished, Started, TextDelta, ToolCallEvent
+from farm.proxy.core import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
 from farm.proxy.errors import ProxyError
-from farm.proxy.openai_chat import error_body, text_of
+from farm.proxy.openai_chat import check_top_logprobs, error_body, text_of, token_logprobs
 
 WIRE = "openai.responses"
 CALL_ID_PREFIX = "call_"
+#: the ``include`` entry that asks for the message text's logprobs.
+INCLUDE_LOGPROBS = "message.output_text.logprobs"
 
 
 class ResponsesBody(BaseModel):
@@ -46,6 +48,8 @@ class ResponsesBody(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stream: bool | None = False
     previous_response_id: str | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(default=None, strict=True)
 
 
 def parse(raw: Any) -> ChatRequest:
@@ -123,6 +127,7 @@ def parse(raw: Any) -> ChatRequest:
         choice = choice["name"]
     elif choice not in ("auto", "none", "required"):
         raise ProxyError(400, f"tool_choice {choice!r} is not auto, none or required", param="tool_choice")
+    top_logprobs = check_top_logprobs(body.top_logprobs)
     return ChatRequest(
         model=body.model,
         messages=messages,
@@ -130,6 +135,8 @@ def parse(raw: Any) -> ChatRequest:
         tool_choice=choice,
         sampling=Sampling(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p),
         stream=bool(body.stream),
+        logprobs=INCLUDE_LOGPROBS in (body.include or []),
+        top_logprobs=top_logprobs,
     )
 
 
@@ -147,9 +154,21 @@ def _usage(done: Finished) -> dict[str, Any]:
     }
 
 
-def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+def _message_item(item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    content = [_text_part(text, logprobs)] if status == "completed" else []
     return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content}
+
+
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = logprobs
+    return part
+
+
+def _logprobs(done: Finished, logprobs: bool) -> list[dict[str, Any]] | None:
+    # Every sampled token's, on the reply's text (the proxy does not split them between text and calls).
+    return token_logprobs(done) if logprobs else None
 
 
 def _call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
@@ -184,15 +203,22 @@ def _response(
     }
 
 
-def response(done: Finished, *, model: str, response_id: str) -> dict[str, Any]:
+def response(done: Finished, *, model: str, response_id: str, logprobs: bool = False) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     if done.reply.content.strip() or not done.reply.tool_calls:
-        output.append(_message_item(f"msg_{secrets.token_hex(12)}", done.reply.content, "completed"))
+        lps = _logprobs(done, logprobs)
+        output.append(_message_item(f"msg_{secrets.token_hex(12)}", done.reply.content, "completed", lps))
     output += [_call_item(f"fc_{secrets.token_hex(12)}", c, "completed") for c in done.reply.tool_calls]
     return _response(response_id, model, int(time.time()), "completed", output, done)
 
 
-async def stream(events: AsyncIterator[Event], *, model: str, response_id: str) -> AsyncIterator[bytes]:
+async def stream(
+    events: AsyncIterator[Event], *, model: str, response_id: str, logprobs: bool = False
+) -> AsyncIterator[bytes]:
+    """The SDK's named events. With ``logprobs``, each text delta carries the logprobs of the tokens
+    sampled since the last one, and the whole list (every sampled token's, known once the call is
+    recorded) comes with the text's ``done`` events when the text ends there, and on the message
+    item of ``response.completed`` (or ``.incomplete``) in any case."""
     created = int(time.time())
     seq = 0
 
@@ -207,18 +233,21 @@ async def stream(events: AsyncIterator[Event], *, model: str, response_id: str) 
     output: list[dict[str, Any]] = []
     text_id: str | None = None
     text = ""
+    #: logprobs of tokens sampled since the last text delta (streamed calls that asked for them).
+    pending: list[dict[str, Any]] = []
 
-    def close_text() -> list[bytes]:
+    def close_text(done: Finished | None = None) -> list[bytes]:
         nonlocal text_id, text
         if text_id is None:
             return []
         index = len(output)
-        part = {"type": "output_text", "text": text, "annotations": []}
-        item = _message_item(text_id, text, "completed")
+        lps = _logprobs(done, logprobs) if done is not None else None
+        part = _text_part(text, lps)
+        item = _message_item(text_id, text, "completed", lps)
         out = [
             emit(
                 "response.output_text.done",
-                {"item_id": text_id, "output_index": index, "content_index": 0, "text": text},
+                {"item_id": text_id, "output_index": index, "content_index": 0, "text": text, "logprobs": lps or []},
             ),
             emit(
                 "response.content_part.done",
@@ -234,7 +263,9 @@ async def stream(events: AsyncIterator[Event], *, model: str, response_id: str) 
         async for event in events:
             if isinstance(event, Started):
                 continue
-            if isinstance(event, TextDelta):
+            if isinstance(event, Sampled):
+                pending.extend(token_logprobs(event))
+            elif isinstance(event, TextDelta):
                 if not event.text:
                     continue
                 if text_id is None:
@@ -250,10 +281,9 @@ async def stream(events: AsyncIterator[Event], *, model: str, response_id: str) 
                         {"item_id": text_id, "output_index": index, "content_index": 0, "part": part},
                     )
                 text += event.text
-                yield emit(
-                    "response.output_text.delta",
-                    {"item_id": text_id, "output_index": len(output), "content_index": 0, "delta": event.text},
-                )
+                delta = {"item_id": text_id, "output_index": len(output), "content_index": 0, "delta": event.text}
+                yield emit("response.output_text.delta", {**delta, "logprobs": pending[:]})
+                pending.clear()
             elif isinstance(event, ToolCallEvent):
                 for chunk in close_text():
                     yield chunk
@@ -274,8 +304,10 @@ async def stream(events: AsyncIterator[Event], *, model: str, response_id: str) 
                 yield emit("response.output_item.done", {"output_index": index, "item": item})
                 output.append(item)
             else:
-                for chunk in close_text():
+                for chunk in close_text(event):
                     yield chunk
+                if logprobs:
+                    _attach_logprobs(output, _logprobs(event, logprobs))
                 final = _response(response_id, model, created, "completed", output, event)
                 name = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
                 yield emit(name, {"response": final})
@@ -283,6 +315,14 @@ async def stream(events: AsyncIterator[Event], *, model: str, response_id: str) 
         failed = _response(response_id, model, created, "failed", output, None)
         failed["error"] = {"code": exc.code or "server_error", "message": exc.message}
         yield emit("response.failed", {"response": failed})
+
+
+def _attach_logprobs(output: list[dict[str, Any]], logprobs: list[dict[str, Any]] | None) -> None:
+    """The logprobs on the last message item's text (closed before a tool call, it went out without)."""
+    for item in reversed(output):
+        if item["type"] == "message" and item["content"]:
+            item["content"][0]["logprobs"] = logprobs
+            return
 
 
 __all__ = ["WIRE", "error_body", "new_id", "parse", "response", "stream"]

@@ -221,12 +221,14 @@ def make_router(get_core: Callable[[Request], ProxyCore]) -> APIRouter:
             response_id = openai_responses.new_id()
             events = await answer(request, core.call(ctx, chat, wire=openai_responses.WIRE), stream=chat.stream)
             if isinstance(events, Finished):
-                return JSONResponse(openai_responses.response(events, model=model, response_id=response_id))
+                return JSONResponse(
+                    openai_responses.response(events, model=model, response_id=response_id, logprobs=chat.logprobs)
+                )
         except ProxyError as exc:
             return error_response(exc, openai_chat.error_body)
         except HarnessGone:
             return Response(status_code=CLIENT_GONE)
-        body = openai_responses.stream(events, model=model, response_id=response_id)
+        body = openai_responses.stream(events, model=model, response_id=response_id, logprobs=chat.logprobs)
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
     @router.post("/messages", include_in_schema=False)

@@ -427,7 +427,11 @@ def _completion_logprobs(
 def _generate_logprobs(ids: list[int], lps: list[float], tops: list[dict[int, float]], num: int) -> dict[str, Any]:
     content = []
     for i, (tok, lp) in enumerate(zip(ids, lps, strict=True)):
-        candidates = [{"token_id": tok, "logprob": lp}]
-        candidates += [{"token_id": t, "logprob": v} for t, v in (tops[i] if i < len(tops) else {}).items()]
-        content.append({"token_id": tok, "logprob": lp, "top_logprobs": candidates[: max(num, 1)]})
+        # As vLLM: one map per position, the sampled id first and then the top ids (an id once), of
+        # which the first max(num, 1) are listed: a sampled id outside the top num pushes the last out.
+        candidates = {tok: lp}
+        for t, v in (tops[i] if i < len(tops) else {}).items():
+            candidates.setdefault(t, v)
+        listed = [{"token_id": t, "logprob": v} for t, v in list(candidates.items())[: max(num, 1)]]
+        content.append({"token_id": tok, "logprob": lp, "top_logprobs": listed})
     return {"content": content}

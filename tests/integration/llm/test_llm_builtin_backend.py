@@ -181,3 +181,42 @@ def test_make_tiny_context_sets_what_the_backend_serves(tmp_path: Path) -> None:
         engine.stop()
     assert engine.max_model_len == 8192
     assert len(out.token_ids) == 4 and all(lp <= 0.0 for lp in out.logprobs)
+
+
+def assert_top_matches_teacher(teacher, prompt, result, k):
+    """Each position's top k are the model's k most likely tokens, most likely first, and the
+    sampled token's logprob is at most the first's (and among them when it is in the top k)."""
+    want = teacher.top(prompt + result.token_ids, k)[len(prompt) - 1 : -1]
+    assert result.top_logprobs is not None and len(result.top_logprobs) == len(result.token_ids)
+    for tok, lp, got, expect in zip(result.token_ids, result.logprobs, result.top_logprobs, want, strict=True):
+        assert list(got) == list(expect)
+        assert all(abs(got[t] - expect[t]) <= TOLERANCE for t in expect)
+        values = list(got.values())
+        assert values == sorted(values, reverse=True)
+        assert lp <= values[0] + TOLERANCE
+        if tok in got:
+            assert abs(got[tok] - lp) <= TOLERANCE
+
+
+@pytest.mark.parametrize("api", ["completions", "generate"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_builtin_top_logprobs_are_the_models_k_most_likely(builtin_server, tiny_tokenizer, teacher, api, stream):
+    k = 5
+    request = GenerateRequest(
+        prompt_token_ids=prompt_of(tiny_tokenizer, f"top logprobs over {api}"),
+        sampling=SamplingParams(max_tokens=24, seed=4),
+        top_logprobs=k,
+    )
+
+    async def go():
+        async with VLLMClient(base_url=builtin_server.url, api=api) as client:
+            if not stream:
+                return await client.generate(request)
+            items = [item async for item in client.generate_stream(request)]
+            assert [m for d in items[:-1] for m in d.top_logprobs] == items[-1].top_logprobs
+            return items[-1]
+
+    result = run(go())
+    assert_top_matches_teacher(teacher, request.prompt_token_ids, result, k)
+    # Sampled at temperature 1 from a random model, some ids come from outside the top k.
+    assert any(tok not in top for tok, top in zip(result.token_ids, result.top_logprobs, strict=True))

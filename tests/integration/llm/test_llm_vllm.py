@@ -194,3 +194,28 @@ def test_vllm_stream_gives_the_same_result_as_a_whole_answer(vllm_server, tiny_t
     assert final.finish_reason == whole.finish_reason
     if api == "generate":
         assert final.weight_versions == whole.weight_versions
+
+
+@pytest.mark.parametrize("api", ["completions", "generate"])
+def test_vllm_top_logprobs_are_the_models_k_most_likely(vllm_server, tiny_tokenizer, teacher, api):
+    k = 5
+    request = GenerateRequest(
+        prompt_token_ids=prompt_of(tiny_tokenizer, f"top logprobs over {api}"),
+        sampling=SamplingParams(max_tokens=16, seed=4),
+        top_logprobs=k,
+    )
+
+    async def go():
+        async with VLLMClient(base_url=vllm_server, api=api) as client:
+            whole = await client.generate(request)
+            items = [item async for item in client.generate_stream(request)]
+            return whole, items[-1]
+
+    for result in asyncio.run(go()):
+        prompt = request.prompt_token_ids
+        want = teacher.top(prompt + result.token_ids, k)[len(prompt) - 1 : -1]
+        assert result.top_logprobs is not None and len(result.top_logprobs) == len(result.token_ids)
+        for got, expect in zip(result.top_logprobs, want, strict=True):
+            assert set(got) == set(expect)
+            assert max(abs(got[t] - expect[t]) for t in expect) <= TOLERANCE
+            assert list(got.values()) == sorted(got.values(), reverse=True)
