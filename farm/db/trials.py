@@ -220,6 +220,7 @@ _PENDING_COLUMNS = (
     "streamed",
     "message_hashes",
     "delta_ids",
+    "messages",
     "prompt_tokens",
     "sampled_ids",
     "logprobs",
@@ -256,6 +257,7 @@ def add_call(
     delta_ids: Sequence[int],
     prompt_tokens: int,
     continuity: dict[str, Any],
+    messages: list[dict[str, Any]] | None = None,
 ) -> int:
     """Record a call as started (state ``pending``), taking its seq and, without a parent, a new
     segment; returns the seq. The caller commits (on SQLite: the two statements are one transaction).
@@ -271,6 +273,7 @@ def add_call(
         "streamed": streamed,
         "message_hashes": b"".join(message_hashes),
         "delta_ids": np.asarray(delta_ids, dtype=INT32).tobytes(),
+        "messages": messages,
         "prompt_tokens": prompt_tokens,
         "sampled_ids": b"",
         "logprobs": b"",

@@ -418,6 +418,7 @@ class ProxyCore:
             if forced:
                 prompt = np.concatenate([prompt, np.asarray(forced, dtype=np.int32)])
                 delta = [*delta, *forced]
+            added = messages[parent.covered :] if parent is not None else messages
             seq = trials.add_call(
                 conn,
                 trial.id,
@@ -428,6 +429,7 @@ class ProxyCore:
                 delta_ids=delta,
                 prompt_tokens=len(prompt),
                 continuity=continuity.as_dict(),
+                messages=[m.for_template() for m in added],
             )
             conn.commit()
         return _Started(
