@@ -36,9 +36,10 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials
 from sqlalchemy.orm import Session
 
-from farm.api.deps import DB, State
+from farm.api.deps import DB, State, bearer_scheme
 from farm.api.errors import error_responses
 from farm.constants import trial_balancer_key
 from farm.db import trials
@@ -55,7 +56,9 @@ VERL_SESSION = "verl_session"
 SessionId = Annotated[str, Path(pattern=TRIAL_ID_PATTERN, description="verl's trial id (1-64 of A-Z a-z 0-9 . _ -)")]
 
 
-async def require_token_or_basic(state: State, request: Request) -> None:
+async def require_token_or_basic(
+    state: State, request: Request, bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
+) -> None:
     """The farm's token as ``Bearer TOKEN`` or as the password of ``Basic`` auth.
 
     Raises:
@@ -65,8 +68,8 @@ async def require_token_or_basic(state: State, request: Request) -> None:
     assert token is not None  # create_app refuses to start without one
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
     given: str | None = None
-    if scheme.lower() == "bearer":
-        given = value.strip()
+    if bearer is not None:
+        given = bearer.credentials
     elif scheme.lower() == "basic":
         try:
             given = base64.b64decode(value.strip(), validate=True).decode().partition(":")[2]

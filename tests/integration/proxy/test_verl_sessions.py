@@ -153,3 +153,30 @@ def test_verl_sessions_refuse_bad_requests_with_4xx(
     with pytest.raises(openai.AuthenticationError):
         harness.chat.completions.create(model="farm-tiny", messages=[{"role": "user", "content": "hi"}])
     assert client.delete(f"/sessions/{trial_id}").status_code == 200
+
+
+def test_verl_sessions_take_the_configured_harness_key(
+    tmp_path: Any, sqlite_url: str, redis_url: str, redis_client: object
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from farm.api.app import create_app
+    from farm.config import Settings
+    from farm.db import trials
+    from farm.db.models import Trial
+
+    settings = Settings(
+        data_dir=tmp_path,
+        database={"url": sqlite_url},
+        redis={"url": redis_url},
+        api={"token": "t"},
+        proxy={"verl_harness_key": "verl-proxy-secret"},
+    )
+    with TestClient(create_app(settings), base_url="http://verl:t@farm") as client:
+        # verl's client never reads the answer's key: the harness has the configured one
+        registered = client.post("/sessions/swe-1-abc").json()
+        assert "api_key" not in registered and registered["base_url"] == "http://farm/swe-1-abc/v1"
+        with client.app.state.farm.sessions() as session:  # type: ignore[attr-defined]
+            trial = session.get(Trial, "swe-1-abc")
+            assert trial is not None and trials.key_matches(trial.key_sha256, "verl-proxy-secret")
+            assert trial.meta == {"verl_session": True}
