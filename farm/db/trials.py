@@ -125,6 +125,9 @@ class Parent:
     finish_reason: str | None
     last_sampled_id: int | None
     stop_string: bool
+    #: when the call began: with the seq, it names this call and no call of an earlier trial of
+    #: the same id (a trial deleted and made again, or reset, numbers its calls from 0 again).
+    started_at: datetime | None = None
 
 
 # A call's end_hash is the chained hash of its request's messages plus its reply, so a call whose
@@ -138,6 +141,7 @@ _PARENT = (
         CALLS.c.finish_reason,
         CALLS.c.sampled_ids,
         CALLS.c.reply,
+        CALLS.c.started_at,
     )
     .where(
         CALLS.c.trial_id == bindparam("trial_id"),
@@ -165,6 +169,7 @@ def find_parent(conn: Connection, trial_id: str, message_hashes: Sequence[bytes]
         finish_reason=row.finish_reason,
         last_sampled_id=int(np.frombuffer(sampled[-INT32.itemsize :], dtype=INT32)[0]) if sampled else None,
         stop_string=bool((row.reply or {}).get("stop_string")),
+        started_at=row.started_at,
     )
 
 
@@ -258,6 +263,7 @@ def add_call(
     prompt_tokens: int,
     continuity: dict[str, Any],
     messages: list[dict[str, Any]] | None = None,
+    started_at: datetime | None = None,
 ) -> int:
     """Record a call as started (state ``pending``), taking its seq and, without a parent, a new
     segment; returns the seq. The caller commits (on SQLite: the two statements are one transaction).
@@ -278,7 +284,7 @@ def add_call(
         "sampled_ids": b"",
         "logprobs": b"",
         "continuity": continuity,
-        "started_at": utcnow(),
+        "started_at": started_at or utcnow(),
     }
     taking = {"_trial_id": trial_id, "_new_segment": 1 if parent is None else 0}
     if conn.dialect.name == "postgresql":

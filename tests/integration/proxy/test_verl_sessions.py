@@ -155,9 +155,7 @@ def test_verl_sessions_refuse_bad_requests_with_4xx(
     assert client.delete(f"/sessions/{trial_id}").status_code == 200
 
 
-def test_verl_sessions_take_the_configured_harness_key(
-    tmp_path: Any, sqlite_url: str, redis_url: str, redis_client: object
-) -> None:
+def test_verl_sessions_take_the_configured_harness_key(tmp_path: Any, sqlite_url: str, isolated_redis_url: str) -> None:
     from fastapi.testclient import TestClient
 
     from farm.api.app import create_app
@@ -168,7 +166,8 @@ def test_verl_sessions_take_the_configured_harness_key(
     settings = Settings(
         data_dir=tmp_path,
         database={"url": sqlite_url},
-        redis={"url": redis_url},
+        # A database of its own: flushing the module stack's would drop its backend.
+        redis={"url": isolated_redis_url},
         api={"token": "t"},
         proxy={"verl_harness_key": "verl-proxy-secret"},
     )
@@ -180,3 +179,35 @@ def test_verl_sessions_take_the_configured_harness_key(
             trial = session.get(Trial, "swe-1-abc")
             assert trial is not None and trials.key_matches(trial.key_sha256, "verl-proxy-secret")
             assert trial.meta == {"verl_session": True}
+
+
+def test_verl_sessions_a_session_made_again_after_delete_records_its_own_tokens(
+    verl: tuple[httpx.Client, str], teacher: Any
+) -> None:
+    # verl's agentic recipe retries a failed runner by deleting the session and registering the
+    # same id again: the new calls are numbered from 0 again and must not reuse the old ones' ids.
+    client, port = verl
+    trial_id = _trial_id()
+
+    def harness() -> openai.OpenAI:
+        key = _ok(client.post(f"/sessions/{trial_id}"))["api_key"]
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/{trial_id}/v1", api_key=key)
+
+    harness().chat.completions.create(
+        model="farm-tiny", messages=[{"role": "user", "content": "an attempt that fails"}], max_tokens=6
+    )
+    assert _ok(client.delete(f"/sessions/{trial_id}"))["status"] == "deleted"
+    retry = harness()
+    messages: list[Any] = [{"role": "user", "content": "the retry"}]
+    first = retry.chat.completions.create(model="farm-tiny", messages=messages, max_tokens=6)
+    messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "on"}]
+    retry.chat.completions.create(model="farm-tiny", messages=messages, max_tokens=6)
+    session = _ok(client.get(f"/sessions/{trial_id}"))
+    (segment,) = session["farm"]["segment_tokens"]
+    assert [c["extends"] for c in session["farm"]["certificate"]] == [None, 0]
+    # The second call was sampled after the retry's own first call: the teacher agrees on every id
+    recomputed = teacher(segment["token_ids"])
+    for i, m in enumerate(segment["loss_mask"]):
+        if m:
+            assert abs(recomputed[i] - segment["logprobs"][i]) < 1e-4, i
+    client.delete(f"/sessions/{trial_id}")
