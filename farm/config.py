@@ -208,6 +208,10 @@ class ProxySettings(BaseModel):
     #: processes ``farm proxy`` serves with, sharing its sockets (each is one event loop, about 6 ms of
     #: CPU per call): a node running many harnesses wants about one per core the backend leaves free.
     processes: int = Field(default=1, ge=1)
+    #: the API key of every trial a verl ``RemoteAgentLoop`` registers (``POST /sessions/{id}``):
+    #: verl hands its harnesses one configured key, never a per-trial one. Unset: each such trial
+    #: gets a key of its own, returned by the register call only (verl ignores it).
+    verl_harness_key: SecretStr | None = None
 
 
 class FlowerSettings(BaseModel):

@@ -16,7 +16,18 @@ from farm.api.docs import install_docs
 from farm.api.errors import BodyLimitMiddleware, error_responses, install_error_handlers
 from farm.api.events import FinishNotifier
 from farm.api.openapi import install_openapi
-from farm.api.routes import backends, batches, health, jobs, overview, pass_rates, tasks, trials, weights
+from farm.api.routes import (
+    backends,
+    batches,
+    health,
+    jobs,
+    overview,
+    pass_rates,
+    tasks,
+    trials,
+    verl_sessions,
+    weights,
+)
 from farm.api.weights import WeightUpdater
 from farm.config import Settings
 from farm.db import backends as registry
@@ -101,6 +112,9 @@ def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastA
     app.include_router(pass_rates.router, dependencies=protected, responses=answers)
     app.include_router(trials.router, dependencies=protected, responses=answers)
     app.include_router(weights.router, dependencies=protected, responses=answers)
-    # The proxy's routes take a trial's key, not the farm's token.
+    # verl's session calls take the token as Basic auth too (a proxy URL with userinfo).
+    app.include_router(verl_sessions.router, responses=answers)
+    # The proxy's routes take a trial's key, not the farm's token; verl's harnesses use /{trial}/v1.
     app.include_router(make_router(lambda request: request.app.state.proxy_core))
+    app.include_router(make_router(lambda request: request.app.state.proxy_core, prefix="/{trial}/v1"))
     return app

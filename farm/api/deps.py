@@ -54,11 +54,11 @@ def get_session(state: State) -> Iterator[Session]:
 
 DB = Annotated[Session, Depends(get_session)]
 
-_bearer = HTTPBearer(auto_error=False, description="the farm's API token (FARM_API__TOKEN)")
+bearer_scheme = HTTPBearer(auto_error=False, description="the farm's API token (FARM_API__TOKEN)")
 
 
 async def require_token(
-    state: State, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    state: State, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 ) -> None:
     token = state.settings.api.token
     assert token is not None  # create_app refuses to start without one

@@ -366,6 +366,9 @@ class TrialCall(Base):
     message_hashes: Mapped[bytes] = mapped_column(LargeBinary)
     end_hash: Mapped[bytes | None] = mapped_column(LargeBinary)
     delta_ids: Mapped[bytes] = mapped_column(LargeBinary)
+    #: the request's messages beyond what the parent covered (all of them when the call starts a
+    #: segment), as chat templates read them; None for calls recorded before they were kept.
+    messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     sampled_ids: Mapped[bytes] = mapped_column(LargeBinary, default=b"")
     logprobs: Mapped[bytes] = mapped_column(LargeBinary, default=b"")

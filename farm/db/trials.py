@@ -125,6 +125,9 @@ class Parent:
     finish_reason: str | None
     last_sampled_id: int | None
     stop_string: bool
+    #: when the call began: with the seq, it names this call and no call of an earlier trial of
+    #: the same id (a trial deleted and made again, or reset, numbers its calls from 0 again).
+    started_at: datetime | None = None
 
 
 # A call's end_hash is the chained hash of its request's messages plus its reply, so a call whose
@@ -138,6 +141,7 @@ _PARENT = (
         CALLS.c.finish_reason,
         CALLS.c.sampled_ids,
         CALLS.c.reply,
+        CALLS.c.started_at,
     )
     .where(
         CALLS.c.trial_id == bindparam("trial_id"),
@@ -165,6 +169,7 @@ def find_parent(conn: Connection, trial_id: str, message_hashes: Sequence[bytes]
         finish_reason=row.finish_reason,
         last_sampled_id=int(np.frombuffer(sampled[-INT32.itemsize :], dtype=INT32)[0]) if sampled else None,
         stop_string=bool((row.reply or {}).get("stop_string")),
+        started_at=row.started_at,
     )
 
 
@@ -201,6 +206,8 @@ class CompletionEnd:
     prompt_hash: bytes
     #: a text prompt's keys (``farm.proxy.completion.text_keys``); None for a prompt of ids.
     text_keys: dict[str, Any] | None
+    #: when it started: with the seq, what tells it from a call of an earlier life of the trial id.
+    started_at: datetime | None = None
 
 
 _COMPLETION_ENDS = (
@@ -212,6 +219,7 @@ _COMPLETION_ENDS = (
         func.length(CALLS.c.sampled_ids).label("sampled_bytes"),
         CALLS.c.message_hashes,
         CALLS.c.end_hash,
+        CALLS.c.started_at,
         # The whole reply, not ``reply -> 'text_keys'``: PostgreSQL's json operators refuse a
         # reply whose text holds a NUL (\u0000), which a model may sample.
         CALLS.c.reply,
@@ -233,6 +241,7 @@ def completion_ends(conn: Connection, trial_id: str, wire: str) -> list[Completi
             end_hash=bytes(row.end_hash),
             prompt_hash=bytes(row.message_hashes),
             text_keys=(row.reply or {}).get("text_keys"),
+            started_at=row.started_at,
         )
         for row in conn.execute(_COMPLETION_ENDS, {"trial_id": trial_id, "wire": wire})
     ]
@@ -272,6 +281,7 @@ _PENDING_COLUMNS = (
     "streamed",
     "message_hashes",
     "delta_ids",
+    "messages",
     "prompt_tokens",
     "sampled_ids",
     "logprobs",
@@ -308,6 +318,8 @@ def add_call(
     delta_ids: Sequence[int],
     prompt_tokens: int,
     continuity: dict[str, Any],
+    messages: list[dict[str, Any]] | None = None,
+    started_at: datetime | None = None,
 ) -> int:
     """Record a call as started (state ``pending``), taking its seq and, without a parent, a new
     segment; returns the seq. The caller commits (on SQLite: the two statements are one transaction).
@@ -323,11 +335,12 @@ def add_call(
         "streamed": streamed,
         "message_hashes": b"".join(message_hashes),
         "delta_ids": np.asarray(delta_ids, dtype=INT32).tobytes(),
+        "messages": messages,
         "prompt_tokens": prompt_tokens,
         "sampled_ids": b"",
         "logprobs": b"",
         "continuity": continuity,
-        "started_at": utcnow(),
+        "started_at": started_at or utcnow(),
     }
     taking = {"_trial_id": trial_id, "_new_segment": 1 if parent is None else 0}
     if conn.dialect.name == "postgresql":

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -126,6 +127,7 @@ class _Started:
     parent_seq: int | None
     prompt_ids: np.ndarray
     hashes: list[bytes]
+    started_at: datetime
     continuity: dict[str, Any] = field(default_factory=dict)
     #: the end of ``prompt_ids`` that opens a tool call (a tool_choice that demands one): not sampled.
     forced_ids: list[int] = field(default_factory=list)
@@ -133,21 +135,26 @@ class _Started:
     prompt_text: str | None = None
 
 
+#: a call, for the id cache: its trial, seq and start (a trial deleted and made again under the
+#: same id, or reset, numbers its calls from 0 again: its calls are not the old ones).
+CallKey = tuple[str, int, datetime | None]
+
+
 class _IdCache:
-    """(trial, seq) -> the call's full ids, least recently used out first."""
+    """(trial, seq, start) -> the call's full ids, least recently used out first."""
 
     def __init__(self, max_tokens: int = CACHE_TOKENS) -> None:
         self.max_tokens = max_tokens
-        self._items: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._items: OrderedDict[CallKey, np.ndarray] = OrderedDict()
         self._tokens = 0
 
-    def get(self, key: tuple[str, int]) -> np.ndarray | None:
+    def get(self, key: CallKey) -> np.ndarray | None:
         value = self._items.get(key)
         if value is not None:
             self._items.move_to_end(key)
         return value
 
-    def put(self, key: tuple[str, int], ids: np.ndarray) -> None:
+    def put(self, key: CallKey, ids: np.ndarray) -> None:
         if key in self._items:
             return
         self._items[key] = ids
@@ -437,7 +444,7 @@ class ProxyCore:
             prompt: np.ndarray | None = None
             delta: list[int] = []
             if parent is not None:
-                parent_ids = self._ids.get((trial.id, parent.seq))
+                parent_ids = self._ids.get((trial.id, parent.seq, parent.started_at))
                 if parent_ids is None:
                     parent_ids = trials.end_ids(conn, trial.id, parent.seq)
                 try:
@@ -468,6 +475,8 @@ class ProxyCore:
             if forced:
                 prompt = np.concatenate([prompt, np.asarray(forced, dtype=np.int32)])
                 delta = [*delta, *forced]
+            added = messages[parent.covered :] if parent is not None else messages
+            started_at = datetime.now(UTC)
             seq = trials.add_call(
                 conn,
                 trial.id,
@@ -478,6 +487,8 @@ class ProxyCore:
                 delta_ids=delta,
                 prompt_tokens=len(prompt),
                 continuity=continuity.as_dict(),
+                messages=[m.for_template() for m in added],
+                started_at=started_at,
             )
             conn.commit()
         return _Started(
@@ -485,6 +496,7 @@ class ProxyCore:
             parent_seq=parent.seq if parent is not None else None,
             prompt_ids=prompt,
             hashes=hashes,
+            started_at=started_at,
             continuity=continuity.as_dict(),
             forced_ids=forced,
         )
@@ -551,7 +563,7 @@ class ProxyCore:
                     stop_string=end.stop_string is not None,
                 )
                 if isinstance(given, str):
-                    parent_ids = self._ids.get((trial.id, end.seq))
+                    parent_ids = self._ids.get((trial.id, end.seq, end.started_at))
                     if parent_ids is None:
                         parent_ids = trials.end_ids(conn, trial.id, end.seq)
                     delta = renderer.encode(given[match.covered :]) if match.covered < len(given) else []
@@ -570,6 +582,7 @@ class ProxyCore:
                     earlier = trials.latest_hashes(conn, trial.id)
                     continuity.reason = "first call" if earlier is None else "the trial's first completion call"
                     continuity.compared_with = earlier[0] if earlier is not None else None
+            started_at = datetime.now(UTC)
             seq = trials.add_call(
                 conn,
                 trial.id,
@@ -580,11 +593,17 @@ class ProxyCore:
                 delta_ids=delta,
                 prompt_tokens=len(prompt),
                 continuity=continuity.as_dict(),
+                started_at=started_at,
             )
             conn.commit()
         text = given if isinstance(given, str) else None
         return _Started(
-            seq=seq, parent_seq=parent.seq if parent else None, prompt_ids=prompt, hashes=[], prompt_text=text
+            seq=seq,
+            parent_seq=parent.seq if parent else None,
+            prompt_ids=prompt,
+            hashes=[],
+            started_at=started_at,
+            prompt_text=text,
         )
 
     def _finish(
@@ -609,7 +628,7 @@ class ProxyCore:
             raise trials.TrialEnded(f"trial {trial_id!r} ended while call {started.seq} was generating")
         metrics.record_proxy_call(self.balancer.redis, "ok")
         ids = np.concatenate([started.prompt_ids, np.asarray(record["sampled_ids"], dtype=np.int32)])
-        self._ids.put((trial_id, started.seq), ids)
+        self._ids.put((trial_id, started.seq, started.started_at), ids)
 
     def _fail(self, trial_id: str, seq: int, exc: BaseException, seen: bool) -> None:
         metrics.record_proxy_call(self.balancer.redis, "failed")

@@ -139,8 +139,10 @@ async def answer(request: Request, events: AsyncIterator[Event], *, stream: bool
     return await unless_gone(request, ready())
 
 
-def make_router(get_core: Callable[[Request], ProxyCore]) -> APIRouter:
-    router = APIRouter(prefix="/proxy/{trial}/v1", tags=["proxy"])
+def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/proxy/{trial}/v1") -> APIRouter:
+    """The proxy's routes under ``prefix``, which holds ``{trial}`` (verl's base URL shape is
+    ``/{trial}/v1``: ``farm.api.routes.verl_sessions``)."""
+    router = APIRouter(prefix=prefix, tags=["proxy"])
 
     @router.get("/models", include_in_schema=False)
     async def models(trial: str, request: Request) -> Response:

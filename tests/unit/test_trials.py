@@ -91,8 +91,15 @@ def test_trials_a_call_that_extends_a_finished_one_finds_it_as_its_parent(engine
     first, _ = _start(engine, trial_id, [user])
     assert _finish(engine, trial_id, first, None, reply, content="a\x00b")
     second, parent = _start(engine, trial_id, [user, reply, user2], ids=(3,))
+    assert parent is not None and parent.started_at == _calls(sessions, trial_id)[first].started_at
     assert parent == trials.Parent(
-        seq=first, segment=0, covered=2, finish_reason="stop", last_sampled_id=9, stop_string=False
+        seq=first,
+        segment=0,
+        covered=2,
+        finish_reason="stop",
+        last_sampled_id=9,
+        stop_string=False,
+        started_at=parent.started_at,
     )
     assert _finish(engine, trial_id, second, parent, reply2)
     # The longest covered prefix wins, the latest call among equals.
