@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel
 
+from farm.client.direct import DirectPages
 from farm.constants import BatchState
 from farm.errors import ApiError, api_error
 from farm.schemas import (
@@ -263,6 +264,9 @@ class FarmClient:
     ) -> None:
         self._timeout_s = timeout_s
         self._http = httpx.Client(base_url=base_url, headers=_headers(token), timeout=timeout_s, transport=transport)
+        # Results pages, megabytes each, are read straight into their buffers where nothing of
+        # httpx's own is in play (see farm.client.direct).
+        self._direct = DirectPages() if DirectPages.usable(self._http.base_url, transport=transport) else None
 
     def __enter__(self) -> FarmClient:
         return self
@@ -272,6 +276,8 @@ class FarmClient:
 
     def close(self) -> None:
         self._http.close()
+        if self._direct is not None:
+            self._direct.close()
 
     def health(self) -> Health:
         return _parse(Health, self._http.get("/readyz"))
@@ -395,6 +401,10 @@ class FarmClient:
         """One page of the results stream (see ``results``)."""
         params, headers = _results_request(after, page_size, wait_s, encoding, trajectories)
         url, timeout = f"/v1/batches/{batch_id}/results", self._timeout_s + wait_s
+        if self._direct is not None:
+            request = self._http.build_request("GET", url, params=params, headers=headers, timeout=timeout)
+            answer, body = self._direct.send(request, _body_buffer)
+            return _results_page(answer) if body is None else _binary_page(body.data)
         with self._http.stream("GET", url, params=params, headers=headers, timeout=timeout) as response:
             buffer = _body_buffer(response)
             if buffer is None:
