@@ -293,7 +293,7 @@ _TRAJECTORY_COLUMNS = (
 )
 
 
-def _json_loads(data: bytes) -> Any:
+def _json_loads(data: str | bytes) -> Any:
     try:
         return pydantic_core.from_json(data)
     except ValueError:

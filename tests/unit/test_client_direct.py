@@ -152,7 +152,7 @@ def _body(n_items: int = 3, seed: int = 0) -> tuple[bytes, list[tuple[np.ndarray
     items = [_with_trajectory(i + 1, len(a[0])) for i, a in enumerate(arrays)] + [_item(n_items + 1)]
     body = _binary_body(
         items,
-        [tuple(a.tolist() for a in arr) for arr in arrays],  # type: ignore[misc]
+        [tuple(a.tolist() for a in arr) for arr in arrays],
         next_cursor=n_items + 1,
         batch_state="complete",
         remaining=0,
