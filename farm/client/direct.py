@@ -1,7 +1,7 @@
 """Results pages over ``http.client``: a binary page's body is read straight into its NumPy buffer.
 
 httpx hands a body over in chunks of 64 KB, each a new bytes object then copied into the page's
-buffer; a page runs to megabytes, and that was half of the client's CPU per page. Here the socket
+buffer; a page runs to megabytes, and reading it so took about half of the client's CPU per page. Here the socket
 reads into the buffer itself (``readinto``). Only the transfer differs: the request is the one the
 client's httpx settings build (URL, headers, token, timeouts), and every other answer (an error,
 a JSON page) becomes an ``httpx.Response`` read by the same code as httpx's. Failures raise what
@@ -139,6 +139,7 @@ class DirectPages:
     def __init__(self) -> None:
         self._idle: dict[tuple[str, int], list[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
+        self._closed = False
 
     @staticmethod
     def usable(base_url: httpx.URL, *, transport: object) -> bool:
@@ -182,10 +183,14 @@ class DirectPages:
 
     def put(self, conn: http.client.HTTPConnection) -> None:
         with self._lock:
-            self._idle.setdefault((conn.host, conn.port), []).append(conn)
+            if not self._closed:  # else a page read ahead that ended after the client closed
+                self._idle.setdefault((conn.host, conn.port), []).append(conn)
+                return
+        conn.close()
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             conns = [conn for idle in self._idle.values() for conn in idle]
             self._idle.clear()
         for conn in conns:
