@@ -8,7 +8,6 @@ its code (``except NotFound``, ``except InvalidSpec``; see ``farm.errors.HTTP_ER
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import struct
 import time
@@ -20,6 +19,7 @@ from typing import Any, Literal, TypeVar
 import httpx
 import numpy as np
 import numpy.typing as npt
+import pydantic_core
 from pydantic import BaseModel
 
 from farm.client.direct import DirectPages
@@ -177,7 +177,7 @@ def _binary_page(body: bytes | memoryview) -> ResultsPage:
         raise ApiError(200, "bad_page", f"not a binary results page (starts {bytes(body[:8])!r})")
     start = len(RESULTS_MAGIC) + 4
     (length,) = struct.unpack_from("<I", body, len(RESULTS_MAGIC))
-    header = json.loads(bytes(body[start : start + length]))
+    header = pydantic_core.from_json(bytes(body[start : start + length]))  # ~2x json.loads
     data = memoryview(body)[start + length :]
     arrays: list[list[RawArray]] = []
     for item in header["items"]:
