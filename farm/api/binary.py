@@ -17,14 +17,20 @@ The arrays are copied from the database rows untouched: nothing is decoded or re
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import pydantic_core
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from farm.db.arrays import unpack_ids
 from farm.db.queries import ResultRows
 from farm.schemas import RESULTS_ALIGN, RESULTS_MAGIC, RESULTS_MEDIA_TYPE, ArrayDtype
 
+#: a binary page goes out in writes of about this size: one per piece costs the event loop
+#: more than the copy, one for the page is a buffer of megabytes.
+SEND_CHUNK_BYTES = 1 << 20
 #: the q a media range gives when it names none.
 _DEFAULT_Q = 1.0
 #: each array column of a trajectory row, with its dtype and item size.
@@ -64,15 +70,15 @@ def wants_binary(accept: str | None) -> bool:
     return binary_q > 0 and binary_q >= json_q
 
 
-def binary_page(rows: ResultRows, *, after: int) -> list[bytes]:
+def binary_page(rows: ResultRows, *, after: int) -> list[bytes | memoryview]:
     """One results page in the binary layout (see the module docstring), as the pieces to send in
     order: the head (magic, length, header), then each array as the database gave it, with padding.
     Sent piece by piece, a page is never copied into one buffer (a page of trajectories runs to
     megabytes, and each fresh buffer that size costs the kernel more than the copy)."""
-    chunks: list[bytes] = []
+    chunks: list[bytes | memoryview] = []
     size = 0
 
-    def put(raw: bytes, dtype: ArrayDtype, itemsize: int) -> dict[str, Any]:
+    def put(raw: bytes | memoryview, dtype: ArrayDtype, itemsize: int) -> dict[str, Any]:
         nonlocal size
         ref = {"dtype": dtype, "offset": size, "length": len(raw) // itemsize}
         chunks.append(raw)
@@ -112,3 +118,39 @@ def binary_page(rows: ResultRows, *, after: int) -> list[bytes]:
     text = pydantic_core.to_json(header, inf_nan_mode="null")
     text += b" " * (-(len(RESULTS_MAGIC) + 4 + len(text)) % RESULTS_ALIGN)
     return [RESULTS_MAGIC + struct.pack("<I", len(text)) + text, *chunks]
+
+
+def _writes(pieces: list[bytes | memoryview]) -> Iterator[bytes]:
+    """The pieces of a page joined into writes of about SEND_CHUNK_BYTES."""
+    chunk: list[bytes | memoryview] = []
+    size = 0
+    for piece in pieces:
+        chunk.append(piece)
+        size += len(piece)
+        if size >= SEND_CHUNK_BYTES:
+            yield b"".join(chunk)
+            chunk, size = [], 0
+    if chunk:
+        yield b"".join(chunk)
+
+
+class BinaryPageResponse(Response):
+    """A binary page (the pieces ``binary_page`` gives) sent in writes of about SEND_CHUNK_BYTES.
+
+    Not a StreamingResponse: that one runs each answer in a task group with a task listening for
+    the client going away, which costs more than sending a small page, and the page is in memory
+    already (when the client goes away, the server drops the writes left)."""
+
+    media_type = RESULTS_MEDIA_TYPE
+
+    def __init__(self, pieces: list[bytes | memoryview], headers: dict[str, str]) -> None:
+        self.status_code = 200
+        self.background = None
+        self._pieces = pieces
+        self.init_headers({**headers, "Content-Length": str(sum(map(len, pieces)))})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        writes = list(_writes(self._pieces))
+        for i, chunk in enumerate(writes, start=1):
+            await send({"type": "http.response.body", "body": chunk, "more_body": i < len(writes)})

@@ -8,7 +8,6 @@ its code (``except NotFound``, ``except InvalidSpec``; see ``farm.errors.HTTP_ER
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import struct
 import time
@@ -20,8 +19,10 @@ from typing import Any, Literal, TypeVar
 import httpx
 import numpy as np
 import numpy.typing as npt
+import pydantic_core
 from pydantic import BaseModel
 
+from farm.client.direct import DirectPages
 from farm.constants import BatchState
 from farm.errors import ApiError, api_error
 from farm.schemas import (
@@ -176,7 +177,7 @@ def _binary_page(body: bytes | memoryview) -> ResultsPage:
         raise ApiError(200, "bad_page", f"not a binary results page (starts {bytes(body[:8])!r})")
     start = len(RESULTS_MAGIC) + 4
     (length,) = struct.unpack_from("<I", body, len(RESULTS_MAGIC))
-    header = json.loads(bytes(body[start : start + length]))
+    header = pydantic_core.from_json(bytes(body[start : start + length]))  # ~2x json.loads
     data = memoryview(body)[start + length :]
     arrays: list[list[RawArray]] = []
     for item in header["items"]:
@@ -263,6 +264,9 @@ class FarmClient:
     ) -> None:
         self._timeout_s = timeout_s
         self._http = httpx.Client(base_url=base_url, headers=_headers(token), timeout=timeout_s, transport=transport)
+        # Results pages, megabytes each, are read straight into their buffers where nothing of
+        # httpx's own is in play (see farm.client.direct).
+        self._direct = DirectPages() if DirectPages.usable(self._http.base_url, transport=transport) else None
 
     def __enter__(self) -> FarmClient:
         return self
@@ -272,6 +276,8 @@ class FarmClient:
 
     def close(self) -> None:
         self._http.close()
+        if self._direct is not None:
+            self._direct.close()
 
     def health(self) -> Health:
         return _parse(Health, self._http.get("/readyz"))
@@ -395,6 +401,10 @@ class FarmClient:
         """One page of the results stream (see ``results``)."""
         params, headers = _results_request(after, page_size, wait_s, encoding, trajectories)
         url, timeout = f"/v1/batches/{batch_id}/results", self._timeout_s + wait_s
+        if self._direct is not None:
+            request = self._http.build_request("GET", url, params=params, headers=headers, timeout=timeout)
+            answer, body = self._direct.send(request, _body_buffer)
+            return _results_page(answer) if body is None else _binary_page(body.data)
         with self._http.stream("GET", url, params=params, headers=headers, timeout=timeout) as response:
             buffer = _body_buffer(response)
             if buffer is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import secrets
@@ -9,6 +10,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import pydantic_core
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session, selectinload
 
@@ -291,12 +293,43 @@ _TRAJECTORY_COLUMNS = (
 )
 
 
+def _json_loads(data: str | bytes) -> Any:
+    try:
+        return pydantic_core.from_json(data)
+    except ValueError:
+        # What pydantic-core refuses and the json module takes (a lone surrogate escape, which a
+        # json column keeps as it was written).
+        return json.loads(data)
+
+
+@functools.cache
+def _bytea_view_loader() -> type[psycopg.adapt.Loader]:
+    import psycopg
+
+    class ByteaView(psycopg.adapt.Loader):
+        """bytea in binary format as a view of the result's memory, which the view keeps alive."""
+
+        format = psycopg.pq.Format.BINARY
+
+        def load(self, data: psycopg.abc.Buffer) -> psycopg.abc.Buffer:
+            return data
+
+    return ByteaView
+
+
 def _binary_cursor(session: Session) -> psycopg.Cursor[tuple[Any, ...]]:
     """A psycopg cursor on the session's connection that reads results in binary format: bytea
-    in text format arrives hex-encoded, and decoding it costs ~6x the whole read."""
+    in text format arrives hex-encoded, and decoding it costs ~6x the whole read. Its bytea values
+    are read-only memoryviews of the result (psycopg's own loader copies each into bytes: pages
+    of megabytes, sent on as they are) and its json values are parsed by pydantic-core (~2x the
+    json module's speed)."""
+    from psycopg.types.json import set_json_loads
+
     raw = session.connection().connection.driver_connection
     assert raw is not None
     cursor: psycopg.Cursor[tuple[Any, ...]] = raw.cursor(binary=True)
+    cursor.adapters.register_loader("bytea", _bytea_view_loader())
+    set_json_loads(_json_loads, cursor)
     return cursor
 
 

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import StreamingResponse
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from farm.api.binary import binary_page, wants_binary
+from farm.api.binary import BinaryPageResponse, binary_page, wants_binary
 from farm.api.deps import DB, AppState, BatchId, State
 from farm.api.errors import error_responses
 from farm.constants import BatchState, batch_cancel_key, batch_events_channel
@@ -47,9 +45,6 @@ MAX_CURSOR = 2**31 - 1
 #: what the routes on one batch answer besides their success (401 and 503: see ``create_app``).
 ERRORS = error_responses(404, 422)
 
-#: a binary page goes out in writes of about this size: one per piece costs the event loop
-#: more than the copy, one for the page is a buffer of megabytes.
-SEND_CHUNK_BYTES = 1 << 20
 #: the results page depends on the Accept header (JSON or binary), so caches must key on it.
 _VARY = {"Vary": "Accept"}
 
@@ -178,21 +173,6 @@ def get_batch(batch_id: BatchId, db: DB) -> BatchStatus:
     return queries.batch_status(db, batch_id)
 
 
-async def _send(pieces: list[bytes]) -> AsyncIterator[bytes]:
-    """The pieces of a binary page, joined into writes of about SEND_CHUNK_BYTES (an async
-    iterator: a plain one would cost a thread hop per write)."""
-    chunk: list[bytes] = []
-    size = 0
-    for piece in pieces:
-        chunk.append(piece)
-        size += len(piece)
-        if size >= SEND_CHUNK_BYTES:
-            yield b"".join(chunk)
-            chunk, size = [], 0
-    if chunk:
-        yield b"".join(chunk)
-
-
 #: the binary page as the spec describes it (the JSON page is ``ResultsPage``).
 _BINARY_PAGE = {
     "description": (
@@ -232,9 +212,7 @@ async def get_results(
     def read(session: Session) -> Response:
         if binary:
             rows = queries.results_rows(session, batch_id, after=after, limit=limit, trajectories=trajectories)
-            pieces = binary_page(rows, after=after)
-            headers = {**_VARY, "Content-Length": str(sum(map(len, pieces)))}
-            return StreamingResponse(_send(pieces), media_type=RESULTS_MEDIA_TYPE, headers=headers)
+            return BinaryPageResponse(binary_page(rows, after=after), headers=_VARY)
         page = queries.results_page(
             session, batch_id, after=after, limit=limit, encoding=encoding, trajectories=trajectories
         )
