@@ -85,6 +85,16 @@ def test_each_error_code_raises_the_farm_error_a_trainer_catches(status, code, c
     assert info.value.field == "tasks.0.type"
 
 
+def test_an_unknown_task_type_is_bad_input_and_importable_from_the_client():
+    import farm.client
+
+    body = {"code": "unknown_task_type", "detail": "unknown task type 'mathh'", "field": "tasks.0.type"}
+    transport = httpx.MockTransport(lambda r: httpx.Response(422, json=body))
+    with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(InvalidSpec) as info:
+        client.submit([{"type": "mathh", "config": {}}])
+    assert isinstance(info.value, farm.client.HandlerNotFound) and info.value.field == "tasks.0.type"
+
+
 def test_an_unknown_code_is_a_plain_api_error():
     transport = httpx.MockTransport(lambda r: httpx.Response(418, json={"code": "teapot", "detail": "short"}))
     with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(ApiError) as info:
