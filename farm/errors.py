@@ -198,6 +198,9 @@ _HTTP_ONLY_CODES: dict[str, type[FarmError]] = {
     "body_too_large": InvalidSpec,
     "unauthorized": Unauthorized,
     "unavailable": Unavailable,
+    # What the API answers when it loses its database or Redis mid-request: retry shortly.
+    "database_unavailable": Unavailable,
+    "redis_unavailable": Unavailable,
 }
 _CLASS_FOR_CODE: dict[str, type[FarmError]] = {code: cls for cls, _, code in HTTP_ERRORS} | _HTTP_ONLY_CODES
 _STATUS_FOR_CODE: dict[str, int] = {code: status for _, status, code in HTTP_ERRORS}

@@ -73,6 +73,8 @@ def test_error_answer_raises_api_error_with_code_and_detail():
         (409, "conflict", Conflict),
         (401, "unauthorized", Unauthorized),
         (503, "unavailable", Unavailable),
+        (503, "database_unavailable", Unavailable),
+        (503, "redis_unavailable", Unavailable),
         (502, "upstream_error", UpstreamError),
     ],
 )
