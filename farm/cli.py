@@ -293,7 +293,7 @@ def flower(port: int | None, address: str) -> None:
 @click.option("--flower/--no-flower", default=True, show_default=True)
 def up(flower: bool) -> None:
     """Start the embedded single-machine stack in the foreground; Ctrl-C stops it all."""
-    from farm.embedded import EmbeddedStack
+    from farm.embedded import EmbeddedStack, token_hint
 
     stack = EmbeddedStack(_settings(), with_flower=flower)
     started = time.monotonic()
@@ -303,7 +303,7 @@ def up(flower: bool) -> None:
     console.print(f"  redis {s.redis.url}   database {s.database_url}")
     if flower:
         console.print(f"  flower http://127.0.0.1:{s.flower.port}")
-    console.print(f"  token in {s.data_dir / 'token'}   logs in {stack.log_dir}")
+    console.print(f"  {token_hint(s)}   logs in {stack.log_dir}")
     stopping = False
 
     def _stop(*_: Any) -> None:

@@ -74,6 +74,17 @@ def ensure_token(settings: Settings) -> Settings:
     return settings.model_copy(update={"api": settings.api.model_copy(update={"token": SecretStr(token)})}, deep=True)
 
 
+def token_hint(settings: Settings) -> str:
+    """Where a user finds the API token `farm up` serves with (after ``ensure_token``)."""
+    path = token_file(settings)
+    token = settings.api.token.get_secret_value() if settings.api.token is not None else None
+    # A token set by FARM_API__TOKEN is never written to the file, and a file left by an
+    # earlier run may hold another one: naming it then would send the user to the wrong token.
+    if path.is_file() and path.read_text().strip() == token:
+        return f"token in {path}"
+    return "token from FARM_API__TOKEN"
+
+
 @dataclass
 class Service:
     name: str

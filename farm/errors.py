@@ -198,10 +198,25 @@ _HTTP_ONLY_CODES: dict[str, type[FarmError]] = {
     "body_too_large": InvalidSpec,
     "unauthorized": Unauthorized,
     "unavailable": Unavailable,
+    # What the API answers when it loses its database or Redis mid-request: retry shortly.
+    "database_unavailable": Unavailable,
+    "redis_unavailable": Unavailable,
 }
 _CLASS_FOR_CODE: dict[str, type[FarmError]] = {code: cls for cls, _, code in HTTP_ERRORS} | _HTTP_ONLY_CODES
+_STATUS_FOR_CODE: dict[str, int] = {code: status for _, status, code in HTTP_ERRORS}
+
+
+def _api_bases(code: str, cls: type[FarmError]) -> tuple[type[FarmError], ...]:
+    # Every 422 is bad input a trainer fixes, caught as InvalidSpec: an unknown task type is a
+    # HandlerNotFound (a NotFound server-side) answered 422, and ``except InvalidSpec`` around a
+    # submit must not let it through.
+    if _STATUS_FOR_CODE.get(code) == 422 and not issubclass(cls, InvalidSpec):
+        return (ApiError, cls, InvalidSpec)
+    return (ApiError, cls)
+
+
 _API_CLASSES: dict[str, type[ApiError]] = {
-    code: type(f"Api{cls.__name__}", (ApiError, cls), {"__doc__": f"{cls.__doc__} (answered by the API)"})
+    code: type(f"Api{cls.__name__}", _api_bases(code, cls), {"__doc__": f"{cls.__doc__} (answered by the API)"})
     for code, cls in _CLASS_FOR_CODE.items()
 }
 

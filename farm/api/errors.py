@@ -83,7 +83,8 @@ def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     if first.get("type") == "json_invalid":
         return error_response(422, "invalid_request", _json_error_message(request, first), "body")
     loc = [str(p) for p in first.get("loc", ())]
-    field = ".".join(loc[1:] if loc[:1] == ["body"] else loc) or None
+    # The body as a whole (missing, or JSON that is no object) is named "body", not left unnamed.
+    field = ".".join(loc[1:] if loc[:1] == ["body"] and len(loc) > 1 else loc) or None
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     where = f"{field}: " if field else ""
     return error_response(422, "invalid_request", f"{where}{first.get('msg', 'invalid')}{more}", field)

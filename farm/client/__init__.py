@@ -15,7 +15,16 @@ from __future__ import annotations
 
 from farm.client.arrays import TrajectoryArrays, decode_trajectory, to_arrays
 from farm.client.client import AsyncFarmClient, FarmClient
-from farm.errors import ApiError, Conflict, InvalidSpec, NotFound, Unauthorized, Unavailable, UpstreamError
+from farm.errors import (
+    ApiError,
+    Conflict,
+    HandlerNotFound,
+    InvalidSpec,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+    UpstreamError,
+)
 from farm.schemas import DynamicSampling, GroupResult, PassRateSkip, task_key
 
 __all__ = [
@@ -25,6 +34,7 @@ __all__ = [
     "DynamicSampling",
     "FarmClient",
     "GroupResult",
+    "HandlerNotFound",
     "InvalidSpec",
     "NotFound",
     "PassRateSkip",

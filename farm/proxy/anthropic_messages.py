@@ -130,7 +130,7 @@ def _messages(body: MessagesBody | CountTokensBody) -> tuple[list[Message], list
 
 def _invalid(exc: ValidationError) -> ProxyError:
     first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
+    where = ".".join(str(p) for p in first["loc"]) or "body"  # a body that is no JSON object
     return ProxyError(400, f"{where}: {first['msg']}", param=where)
 
 

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 import numpy as np
+from pydantic import ValidationError
 from sqlalchemy import Connection, Engine
 
 from farm import metrics
@@ -424,6 +425,11 @@ class ProxyCore:
         values.update(trial.sampling)  # the trainer's settings win over the harness's
         try:
             return SamplingParams(**values)
+        except ValidationError as exc:
+            # Name the parameter (max_tokens past the limit...), not pydantic's whole dump.
+            first = exc.errors()[0]
+            name = ".".join(str(p) for p in first["loc"]) or "sampling"
+            raise InvalidSpec(f"{name}: {first['msg']}", field=name) from exc
         except ValueError as exc:
             raise InvalidSpec(f"invalid sampling parameters: {exc}", field="sampling") from exc
 

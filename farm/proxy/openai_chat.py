@@ -108,7 +108,7 @@ def parse(raw: Any) -> tuple[ChatRequest, bool]:
         body = ChatCompletionBody.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where = ".".join(str(p) for p in first["loc"]) or "body"  # a body that is no JSON object
         raise ProxyError(400, f"invalid request: {where}: {first['msg']}", param=where) from exc
     if body.n not in (None, 1):
         raise ProxyError(400, "n must be 1: the proxy samples one answer per request", param="n")

@@ -62,7 +62,7 @@ def parse(raw: Any) -> ChatRequest:
         body = ResponsesBody.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
+        where = ".".join(str(p) for p in first["loc"]) or "body"  # a body that is no JSON object
         raise ProxyError(400, f"invalid request: {where}: {first['msg']}", param=where) from exc
     if body.previous_response_id:
         raise ProxyError(

@@ -8,7 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DATA_PATH = Path(__file__).parent / "data" / "problems.jsonl"
 
@@ -52,12 +52,18 @@ class CodeConfig(BaseModel):
     )
     time_limit_s: float | None = Field(default=None, gt=0, description="wall-clock budget of the episode")
 
+    @field_validator("problem_id")
+    @classmethod
+    def _shipped(cls, value: str | None) -> str | None:
+        # A field validator, so the 422 names problem_id (a model validator's error has no field).
+        if value is not None and value not in problems_by_id():
+            raise ValueError(f"unknown problem_id {value!r} (see tasks.code.dataset.list_problems)")
+        return value
+
     @model_validator(mode="after")
     def _one_source(self) -> CodeConfig:
         if (self.problem_id is None) == (self.problem is None):
             raise ValueError("give exactly one of problem_id or problem")
-        if self.problem_id is not None and self.problem_id not in problems_by_id():
-            raise ValueError(f"unknown problem_id {self.problem_id!r} (see tasks.code.dataset.list_problems)")
         return self
 
     def resolve(self) -> CodeProblem:

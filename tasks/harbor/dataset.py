@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from farm.errors import InvalidSpec
 from tasks.harbor.task import HarborTask, load_task
@@ -42,19 +42,31 @@ class HarborConfig(BaseModel):
     )
     setup_timeout_s: float = Field(default=600.0, gt=0, le=7200, description="wall-clock limit of the setup")
 
+    # Field validators, so a 422 names example or path (a model validator's error has no field).
+    @field_validator("example")
+    @classmethod
+    def _shipped(cls, value: str | None) -> str | None:
+        if value is not None and value not in list_examples():
+            raise ValueError(f"unknown example {value!r}; shipped: {', '.join(list_examples())}")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _task_dir(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not Path(value).is_absolute():
+            raise ValueError(f"path must be absolute, got {value!r}")
+        try:
+            load_task(Path(value))
+        except InvalidSpec as exc:
+            raise ValueError(exc.message) from exc
+        return value
+
     @model_validator(mode="after")
     def _one_source(self) -> HarborConfig:
         if (self.example is None) == (self.path is None):
             raise ValueError("give exactly one of example or path")
-        if self.example is not None and self.example not in list_examples():
-            raise ValueError(f"unknown example {self.example!r}; shipped: {', '.join(list_examples())}")
-        if self.path is not None:
-            if not Path(self.path).is_absolute():
-                raise ValueError(f"path must be absolute, got {self.path!r}")
-            try:
-                load_task(Path(self.path))
-            except InvalidSpec as exc:
-                raise ValueError(exc.message) from exc
         return self
 
     def resolve(self) -> HarborTask:

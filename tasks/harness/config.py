@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from farm.errors import InvalidSpec
 from farm.handlers.base import validate_config
@@ -26,6 +26,20 @@ class InnerTask(BaseModel):
 
     type: Literal["swe", "harbor"] = Field(description="the task type whose sandbox and grader are used")
     config: dict[str, Any] = Field(description="that task type's config")
+
+    # On the field, not the model: a 422 then names task.config (the inner field in its message),
+    # where a model validator's error names no field at all.
+    @field_validator("config")
+    @classmethod
+    def _valid_for_its_type(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        task_type = info.data.get("type")
+        if task_type is None:  # the type itself was refused; that error says so
+            return value
+        try:
+            validate_config(get_config_class(task_type), value)
+        except InvalidSpec as exc:
+            raise ValueError(f"the {task_type} task's {exc.message}") from exc
+        return value
 
 
 class HarnessSpec(BaseModel):
@@ -56,14 +70,6 @@ class HarnessConfig(BaseModel):
 
     task: InnerTask
     harness: HarnessSpec = Field(default_factory=HarnessSpec)
-
-    @model_validator(mode="after")
-    def _inner_config_valid(self) -> HarnessConfig:
-        try:
-            validate_config(get_config_class(self.task.type), self.task.config)
-        except InvalidSpec as exc:
-            raise ValueError(f"the {self.task.type} task's {exc.message}") from exc
-        return self
 
 
 config_class = HarnessConfig

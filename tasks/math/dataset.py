@@ -8,7 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DATA_PATH = Path(__file__).parent / "data" / "problems.jsonl"
 
@@ -44,13 +44,19 @@ class MathConfig(BaseModel):
     )
     time_limit_s: float | None = Field(default=None, gt=0, description="wall-clock budget of the episode")
 
+    @field_validator("problem_id")
+    @classmethod
+    def _shipped(cls, value: str | None) -> str | None:
+        # A field validator, so the 422 names problem_id (a model validator's error has no field).
+        if value is not None and value not in problems_by_id():
+            raise ValueError(f"unknown problem_id {value!r} (see tasks.math.dataset.list_problems)")
+        return value
+
     @model_validator(mode="after")
     def _one_source(self) -> MathConfig:
         if self.problem_id is not None:
             if self.problem is not None or self.answer is not None:
                 raise ValueError("give either problem_id or problem + answer, not both")
-            if self.problem_id not in problems_by_id():
-                raise ValueError(f"unknown problem_id {self.problem_id!r} (see tasks.math.dataset.list_problems)")
         elif self.problem is None or self.answer is None:
             raise ValueError("give problem_id, or both problem and answer")
         return self

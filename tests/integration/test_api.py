@@ -116,6 +116,13 @@ def test_malformed_batch_names_the_field(api: TestClient, body: dict, field: str
     assert_error(api.post("/v1/batches", json=body, headers=AUTH), 422, "invalid_request", field=field)
 
 
+@pytest.mark.parametrize("body", [None, b"[]", b"null"], ids=["none", "a list", "null"])
+def test_a_body_missing_or_not_an_object_is_named(api: TestClient, body: bytes | None):
+    headers = {**AUTH, "content-type": "application/json"}
+    assert_error(api.post("/v1/batches", content=body, headers=headers), 422, "invalid_request", field="body")
+    assert_error(api.post("/v1/trials", content=body, headers=headers), 422, "invalid_request", field="body")
+
+
 def test_malformed_json_is_a_clear_422(api: TestClient):
     body = b'{"tasks": [\n  {"type": "echo", "config": {"text": "hi"},}\n]}'
     response = api.post("/v1/batches", content=body, headers={**AUTH, "content-type": "application/json"})

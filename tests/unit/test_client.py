@@ -73,6 +73,8 @@ def test_error_answer_raises_api_error_with_code_and_detail():
         (409, "conflict", Conflict),
         (401, "unauthorized", Unauthorized),
         (503, "unavailable", Unavailable),
+        (503, "database_unavailable", Unavailable),
+        (503, "redis_unavailable", Unavailable),
         (502, "upstream_error", UpstreamError),
     ],
 )
@@ -83,6 +85,16 @@ def test_each_error_code_raises_the_farm_error_a_trainer_catches(status, code, c
         client.status(1)
     assert isinstance(info.value, ApiError) and (info.value.status, info.value.code) == (status, code)
     assert info.value.field == "tasks.0.type"
+
+
+def test_an_unknown_task_type_is_bad_input_and_importable_from_the_client():
+    import farm.client
+
+    body = {"code": "unknown_task_type", "detail": "unknown task type 'mathh'", "field": "tasks.0.type"}
+    transport = httpx.MockTransport(lambda r: httpx.Response(422, json=body))
+    with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(InvalidSpec) as info:
+        client.submit([{"type": "mathh", "config": {}}])
+    assert isinstance(info.value, farm.client.HandlerNotFound) and info.value.field == "tasks.0.type"
 
 
 def test_an_unknown_code_is_a_plain_api_error():

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from farm.config import Settings
-from farm.embedded import EmbeddedStack, ensure_token, settings_env
+from farm.embedded import EmbeddedStack, ensure_token, settings_env, token_hint
 
 
 def test_settings_read_nested_environment(monkeypatch: pytest.MonkeyPatch):
@@ -42,6 +42,17 @@ def test_ensure_token_makes_one_and_keeps_it(tmp_path):
     assert first.api.token is not None and second.api.token is not None
     assert first.api.token.get_secret_value() == second.api.token.get_secret_value()
     assert (tmp_path / "token").stat().st_mode & 0o777 == 0o600
+
+
+def test_token_hint_names_the_file_only_when_it_holds_the_token(tmp_path):
+    made = ensure_token(Settings(data_dir=tmp_path))
+    assert token_hint(made) == f"token in {tmp_path / 'token'}"
+    # FARM_API__TOKEN is served as set and never written: the file (stale here) is not the token.
+    configured = ensure_token(Settings(data_dir=tmp_path, api={"token": "from-env"}))
+    assert token_hint(configured) == "token from FARM_API__TOKEN"
+    assert token_hint(ensure_token(Settings(data_dir=tmp_path / "fresh", api={"token": "t"}))) == (
+        "token from FARM_API__TOKEN"
+    )
 
 
 def test_builtin_script_setting_reaches_the_backend_command(monkeypatch: pytest.MonkeyPatch, tmp_path):

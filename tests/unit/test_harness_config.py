@@ -7,6 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from farm.errors import InvalidSpec
+from farm.handlers.base import validate_config
 from tasks.harness import presets
 from tasks.harness.config import HarnessConfig, HarnessSpec
 
@@ -54,5 +56,9 @@ def test_harness_config_checks_the_inner_task_and_the_command() -> None:
     HarnessConfig.model_validate({"task": {"type": "harbor", "config": {"example": "hello-file"}}})
     with pytest.raises(ValidationError, match="harbor task"):
         HarnessConfig.model_validate({"task": {"type": "harbor", "config": {"nope": 1}}})
+    # A 422 names the inner config, not "(config)": the inner field is in the message.
+    with pytest.raises(InvalidSpec, match="swe task's config.instance_id") as info:
+        validate_config(HarnessConfig, {"task": {"type": "swe", "config": {"instance_id": "nope"}}})
+    assert info.value.field == "config.task.config"
     with pytest.raises(ValidationError, match="command is given exactly"):
         HarnessSpec(preset="command")

@@ -184,6 +184,24 @@ def test_proxy_bad_request_is_a_400_naming_the_field(new_trial: Any, body: dict[
         assert param in (error["param"] or "") or param in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [({"max_tokens": 10**7}, "max_tokens"), ([], "body")],
+    ids=["max_tokens past the limit", "a body that is no object"],
+)
+def test_proxy_names_exactly_the_parameter_to_fix(new_trial: Any, body: Any, param: str) -> None:
+    trial = new_trial()
+    if isinstance(body, dict):
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], **body}
+    resp = httpx.post(
+        f"{trial['openai_base_url']}/chat/completions", json=body, headers={"Authorization": f"Bearer {trial['key']}"}
+    )
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    # Named as the field, and said in a line: not pydantic's multi-line dump of its model.
+    assert error["param"] == param and error["message"].count("\n") == 0, error
+
+
 def test_proxy_context_overflow_is_openais_context_length_error(new_trial: Any) -> None:
     trial = new_trial()
     client = openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"], max_retries=0)

@@ -162,7 +162,7 @@ def test_code_config_inline_problem():
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        ({"problem_id": "nope"}, "config.(config)"),
+        ({"problem_id": "nope"}, "config.problem_id"),
         ({}, "config.(config)"),
         ({"problem_id": "fizzbuzz", "reward": "most"}, "config.reward"),
         ({"problem_id": "fizzbuzz", "timeout_s": 0}, "config.timeout_s"),

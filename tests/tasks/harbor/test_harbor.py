@@ -143,18 +143,19 @@ def test_harbor_config_example_and_path(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("config", "message"),
+    ("config", "message", "field"),
     [
-        ({"example": "nope"}, "unknown example"),
-        ({}, "exactly one of example or path"),
-        ({"path": "relative/dir"}, "path must be absolute"),
-        ({"path": "/nonexistent/task"}, "is not a directory"),
-        ({"example": "hello-file", "max_turns": 0}, "max_turns"),
+        ({"example": "nope"}, "unknown example", "config.example"),
+        ({}, "exactly one of example or path", "config.(config)"),
+        ({"path": "relative/dir"}, "path must be absolute", "config.path"),
+        ({"path": "/nonexistent/task"}, "is not a directory", "config.path"),
+        ({"example": "hello-file", "max_turns": 0}, "max_turns", "config.max_turns"),
     ],
 )
-def test_harbor_config_rejects_bad_specs(config, message):
-    with pytest.raises(InvalidSpec, match=message):
+def test_harbor_config_rejects_bad_specs(config, message, field):
+    with pytest.raises(InvalidSpec, match=message) as info:
         validate_config(HarborConfig, config)
+    assert info.value.field == field
 
 
 def test_harbor_config_rejects_dir_that_is_not_a_task(tmp_path):

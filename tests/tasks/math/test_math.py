@@ -153,7 +153,7 @@ def test_math_config_inline_problem():
 @pytest.mark.parametrize(
     ("config", "field"),
     [
-        ({"problem_id": "nope"}, "config.(config)"),
+        ({"problem_id": "nope"}, "config.problem_id"),
         ({"problem": "1+1"}, "config.(config)"),
         ({"problem": "1+1", "answer": ""}, "config.answer"),
         ({"problem_id": "arithmetic-000", "extra": 1}, "config.extra"),
