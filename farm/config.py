@@ -109,6 +109,10 @@ class LLMSettings(BaseModel):
     health_interval_s: float = 5.0
     probe_timeout_s: float = 2.0
     failures_to_eject: int = 2
+    #: a job's model call that finds no healthy backend waits this long for one before its stage fails
+    #: (a Redis that came back empty is refilled from PostgreSQL by the next health round; a backend
+    #: that restarts is re-admitted by a probe). The proxy does not wait: a harness gets a 503 at once.
+    backend_wait_s: float = Field(default=30.0, ge=0)
     #: per generation request; connect errors (request never sent) are retried connect_retries times.
     request_timeout_s: float = 600.0
     connect_timeout_s: float = 5.0

@@ -82,8 +82,12 @@ class LLMSession:
         clients: ClientPool,
         max_reroutes: int = DEFAULT_MAX_REROUTES,
         honour_reject: bool = False,
+        backend_wait_s: float = 0.0,
     ) -> None:
         self.balancer = balancer
+        #: how long a turn waits for a healthy backend to be registered or re-admitted before it
+        #: raises NoBackendAvailable (0: at once).
+        self.backend_wait_s = backend_wait_s
         #: raise BackendsPaused, instead of waiting, while a weight update asks calls to be rejected
         #: (the proxy's harness calls; the built-in loop always waits).
         self.honour_reject = honour_reject
@@ -222,9 +226,17 @@ class LLMSession:
         )
 
     async def _acquire(self) -> Lease:
-        """The job's backend, once the farm is not paused for a weight update."""
+        """The job's backend, once the farm is not paused for a weight update and (for up to
+        ``backend_wait_s``) once a healthy backend is there."""
+        deadline = time.monotonic() + self.backend_wait_s
         while True:
-            lease = await asyncio.to_thread(self.balancer.acquire, self.job_id)
+            try:
+                lease = await asyncio.to_thread(self.balancer.acquire, self.job_id)
+            except NoBackendAvailable:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(NO_BACKEND_POLL_S)
+                continue
             if lease.moved_from is not None:
                 self.moves.append((lease.moved_from, lease.backend_id))
             self.backend_id = lease.backend_id
@@ -240,6 +252,9 @@ class LLMSession:
         """Release the job's backend slot (idempotent)."""
         await asyncio.to_thread(self.balancer.release, self.job_id)
 
+
+#: how often a turn that found no healthy backend asks the balancer again (``backend_wait_s``).
+NO_BACKEND_POLL_S = 0.5
 
 #: how often a model call in flight looks at the cancel flag (the flag is read from Redis at most
 #: every 0.25 s anyway).

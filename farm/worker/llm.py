@@ -30,7 +30,12 @@ class LLMResources:
         """The job's sticky link to a backend. Call from a coroutine on the worker's event loop."""
         if self._clients is None:
             self._clients = ClientPool.from_settings(self._settings.llm)
-        return LLMSession(balancer=self.balancer, job_id=str(job_id), clients=self._clients)
+        return LLMSession(
+            balancer=self.balancer,
+            job_id=str(job_id),
+            clients=self._clients,
+            backend_wait_s=self._settings.llm.backend_wait_s,
+        )
 
     @property
     def tokenizer(self) -> Any:

@@ -327,6 +327,32 @@ def test_session_reroutes_off_an_unreachable_backend_and_records_the_move(balanc
     assert inflight(balancer) == {"dead": 0, "live": 0}
 
 
+def test_session_waits_for_a_backend_to_be_registered_again_then_gives_up_after_its_bound(balancer, builtin_server):
+    # Given no backend registered (a Redis that came back empty, before the health round refills it)
+    async def turn(wait_s: float, register_after_s: float | None) -> tuple[float, object]:
+        pool = ClientPool(connect_retries=0)
+        loop = asyncio.get_running_loop()
+        if register_after_s is not None:
+            loop.call_later(register_after_s, lambda: balancer.add_backend(backend_id="b", url=builtin_server.url))
+        start = time.monotonic()
+        try:
+            async with LLMSession(balancer=balancer, job_id="job", clients=pool, backend_wait_s=wait_s) as llm:
+                result = await llm.generate([5, 6, 7])
+                return time.monotonic() - start, result
+        except NoBackendAvailable as exc:
+            return time.monotonic() - start, exc
+        finally:
+            await pool.aclose()
+
+    # when a turn waits up to 30 s and the backend is back after 1 s, the turn is served by it;
+    waited, result = asyncio.run(turn(30.0, 1.0))
+    assert not isinstance(result, Exception) and result.backend_id == "b" and waited >= 1.0  # type: ignore[attr-defined]
+    # and when none comes back, the turn fails once its bound is spent, not before.
+    balancer.remove_backend("b")
+    waited, result = asyncio.run(turn(1.0, None))
+    assert isinstance(result, NoBackendAvailable) and waited >= 1.0
+
+
 def test_health_checker_ejects_a_stopped_backend_and_readmits_it_when_restarted(balancer, tiny_model_dir, tmp_path):
     server = BuiltinServer(model_dir=tiny_model_dir, port=free_port(), log_path=tmp_path / "backend.log").start()
     checker = HealthChecker(balancer)
