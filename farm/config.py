@@ -43,6 +43,9 @@ class ApiSettings(BaseModel):
     token: SecretStr | None = None
     max_body_bytes: int = 32 * 1024 * 1024
     max_tasks_per_batch: int = 100_000
+    #: tasks x group_size of a batch whose jobs are all made at submit (a dynamic batch makes its
+    #: groups as it goes, so only its tasks count): every job is a row written before the answer.
+    max_jobs_per_batch: int = 200_000
     #: longest a results long-poll may hold a request open.
     max_wait_s: float = 60.0
     #: a results long-poll that finds fewer results than its page holds waits this much longer

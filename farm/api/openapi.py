@@ -59,6 +59,9 @@ def task_spec_schema(spec: dict[str, Any], settings: Settings) -> None:
     )
     components["TaskSpec"] = {"title": "TaskSpec", "description": task.get("description", ""), "oneOf": branches}
     components["BatchCreate"]["properties"]["tasks"]["maxItems"] = settings.api.max_tasks_per_batch
+    components["BatchCreate"]["properties"]["group_size"]["description"] = (
+        f"jobs per task; without `dynamic`, tasks x group_size is at most {settings.api.max_jobs_per_batch}"
+    )
 
 
 def install_openapi(app: FastAPI, settings: Settings) -> None:

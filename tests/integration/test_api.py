@@ -160,6 +160,22 @@ def test_too_many_tasks_in_one_batch_is_a_422_naming_tasks(tmp_path: Path, pg_ur
     assert redis_client.llen("init") == 0
 
 
+def test_too_many_jobs_in_one_batch_is_a_422_naming_group_size(tmp_path: Path, pg_url: str, redis_url: str):
+    settings = Settings(
+        data_dir=tmp_path,
+        database={"url": pg_url},
+        redis={"url": redis_url},
+        api={"token": TOKEN, "max_jobs_per_batch": 10},
+    )
+    body = {"tasks": [{"type": "echo", "config": {"text": f"t{i}"}} for i in range(3)], "group_size": 4}
+    with TestClient(create_app(settings)) as client:
+        response = client.post("/v1/batches", json=body, headers=AUTH)
+        assert_error(response, 422, "invalid_spec", field="group_size", says="12 jobs exceed the limit of 10")
+        assert client.post("/v1/batches", json={**body, "group_size": 3}, headers=AUTH).status_code == 201
+        spec = client.get("/openapi.json", headers=AUTH).json()
+    assert "at most 10" in spec["components"]["schemas"]["BatchCreate"]["properties"]["group_size"]["description"]
+
+
 def test_the_client_raises_the_farm_error_of_each_answer(api: TestClient):
     """``except NotFound`` works on the trainer's side of the wire, as it does on the server's."""
 

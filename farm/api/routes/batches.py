@@ -103,6 +103,13 @@ def _submit(state: AppState, request: BatchCreate, key: str | None) -> tuple[Bat
             "per batch; submit several batches",
             field="tasks",
         )
+    jobs = len(request.tasks) * request.group_size
+    if request.dynamic is None and jobs > state.settings.api.max_jobs_per_batch:
+        raise InvalidSpec(
+            f"group_size: {len(request.tasks)} tasks x group_size {request.group_size} = {jobs} jobs exceed the "
+            f"limit of {state.settings.api.max_jobs_per_batch} per batch; submit several batches",
+            field="group_size",
+        )
     _validate_tasks(request)
     _validate_dynamic(request)
     digest = queries.request_hash(request)
