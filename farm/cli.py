@@ -538,3 +538,6 @@ def _mount_optional_groups() -> None:
 
 
 _mount_optional_groups()
+
+if __name__ == "__main__":  # `python -m farm.cli ...` works as `python -m farm ...` and `farm ...`
+    main()

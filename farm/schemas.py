@@ -19,6 +19,7 @@ from farm.constants import BatchState, JobState, Outcome, PauseOutcome, Stage, S
 
 ArrayEncoding = Literal["b64", "json"]
 ArrayDtype = Literal["int32", "float32", "uint8"]
+_ITEMSIZE: dict[str, int] = {"int32": 4, "float32": 4, "uint8": 1}
 
 #: the binary results page (``Accept: application/vnd.farm.results``), laid out as the README's
 #: "Binary results pages" says: MAGIC, a uint32 LE header length, the JSON header, the array bytes.
@@ -269,6 +270,18 @@ class RawArray(BaseModel):
     @model_serializer
     def _as_b64(self) -> dict[str, str]:
         return {"dtype": self.dtype, "b64": base64.b64encode(self.data).decode("ascii")}
+
+    def __len__(self) -> int:
+        return len(self.data) // _ITEMSIZE[self.dtype]
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+        """``np.asarray(raw)``: a read-only view of the page's bytes (a copy with another dtype)."""
+        import numpy as np
+
+        array = np.frombuffer(self.data, dtype=np.dtype(self.dtype).newbyteorder("<"))
+        if dtype is None and not copy:
+            return array
+        return array.astype(dtype or array.dtype, copy=True)
 
 
 class TrajectoryOut(BaseModel):

@@ -5,7 +5,7 @@ import pytest
 
 from farm.client import decode_trajectory, to_arrays
 from farm.db.arrays import encode_ids, encode_logprobs, encode_mask, pack_ids, pack_logprobs, pack_mask
-from farm.schemas import ArrayEncoding, TrajectoryOut
+from farm.schemas import ArrayEncoding, RawArray, TrajectoryOut
 
 
 def traj(
@@ -89,3 +89,14 @@ def test_bad_arguments_raise():
         to_arrays([traj([1], [0], [0.0], 0.0, "json")], pad_side="middle")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="integer"):
         to_arrays([traj([1], [0], [0.0], 0.0, "json")], dtype=np.float32)
+
+
+def test_a_binary_pages_raw_array_is_array_like():
+    data = np.array([3, -1, 7], dtype="<i4").tobytes()
+    raw = RawArray(dtype="int32", data=memoryview(data))
+    assert len(raw) == 3
+    view = np.asarray(raw)
+    assert view.tolist() == [3, -1, 7] and view.dtype == np.int32 and not view.flags.writeable
+    assert np.array(raw).flags.writeable  # np.array copies, as for any array-like
+    assert np.asarray(raw, dtype=np.int64).dtype == np.int64
+    assert np.asarray(RawArray(dtype="float32", data=memoryview(np.float32([0.5]).tobytes()))).tolist() == [0.5]

@@ -103,10 +103,10 @@ def _submit(state: AppState, request: BatchCreate, key: str | None) -> tuple[Bat
             "per batch; submit several batches",
             field="tasks",
         )
-    jobs = len(request.tasks) * request.group_size
-    if request.dynamic is None and jobs > state.settings.api.max_jobs_per_batch:
+    job_count = len(request.tasks) * request.group_size
+    if request.dynamic is None and job_count > state.settings.api.max_jobs_per_batch:
         raise InvalidSpec(
-            f"group_size: {len(request.tasks)} tasks x group_size {request.group_size} = {jobs} jobs exceed the "
+            f"group_size: {len(request.tasks)} tasks x group_size {request.group_size} = {job_count} jobs exceed the "
             f"limit of {state.settings.api.max_jobs_per_batch} per batch; submit several batches",
             field="group_size",
         )
