@@ -64,6 +64,14 @@ def task_spec_schema(spec: dict[str, Any], settings: Settings) -> None:
     )
 
 
+#: what every operation may answer when the HTTP server cannot parse the request.
+MALFORMED_HTTP: dict[str, Any] = {
+    "description": "Malformed HTTP (a request line or header the server cannot parse): the HTTP server's "
+    "plain-text answer, given before the API sees the request",
+    "content": {"text/plain": {"schema": {"type": "string"}}},
+}
+
+
 def install_openapi(app: FastAPI, settings: Settings) -> None:
     """Serve the completed spec at ``/openapi.json`` (built once, on first request)."""
     base: Callable[[], dict[str, Any]] = app.openapi
@@ -75,6 +83,11 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
             # FastAPI lists every model a field's type names, even the branches it leaves out of
             # the schema: RawArray exists only client side (see TrajectoryOut), nothing refers to it.
             spec["components"]["schemas"].pop("RawArray", None)
+            # The HTTP server answers a request it cannot parse (a byte that is not ASCII in the
+            # request line, a line past its size limit) itself, in plain text, before any route.
+            for operations in spec["paths"].values():
+                for operation in operations.values():
+                    operation["responses"].setdefault("400", MALFORMED_HTTP)
             app.openapi_schema = spec
         return app.openapi_schema
 

@@ -54,6 +54,9 @@ def test_spec_error_statuses_use_the_farm_error_body(spec: dict[str, Any]):
         for status, response in op["responses"].items():
             if int(status) < 400 or (path, status) == ("/readyz", "503"):  # readyz: its Health body says why
                 continue
+            if status == "400":  # the HTTP server's own answer to a request it cannot parse
+                assert response["content"] == {"text/plain": {"schema": {"type": "string"}}}, (method, path)
+                continue
             assert response["content"] == {"application/json": {"schema": {"$ref": ERROR_REF}}}, (method, path, status)
 
 

@@ -125,10 +125,10 @@ def test_code_eval_ignores_what_the_agent_left_in_its_sandbox(tiny_tokenizer: An
     [
         ("math", {"problem_id": "no-such-problem"}, "problem_id"),
         ("math", {"problem": "1+1?"}, "answer"),
-        ("math", {"problem_id": "x", "max_turns": 0}, "max_turns"),
-        ("code", {"problem_id": "p", "reward": "most"}, "reward"),
+        ("math", {"problem_id": "arithmetic-000", "max_turns": 0}, "max_turns"),
+        ("code", {"problem_id": "add-two", "reward": "most"}, "reward"),
         ("code", {"problem_id": "no-such-problem"}, "problem_id"),
-        ("code", {"problem_id": "p", "timeout_s": -1}, "timeout_s"),
+        ("code", {"problem_id": "add-two", "timeout_s": -1}, "timeout_s"),
         ("swe", {"instance_id": "nope"}, "instance_id"),
         ("swe", {}, "instance_id"),
         ("swe", {"instance_id": "rollout-farm__semver-1", "bogus": 1}, "bogus"),
