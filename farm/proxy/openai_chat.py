@@ -55,7 +55,7 @@ class _ToolIn(BaseModel):
     function: dict[str, Any]
 
 
-class _StreamOptions(BaseModel):
+class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool | None = None
 
@@ -77,7 +77,7 @@ class ChatCompletionBody(BaseModel):
     top_logprobs: int | None = Field(default=None, strict=True)
     n: int | None = None
     stream: bool | None = False
-    stream_options: _StreamOptions | None = None
+    stream_options: StreamOptions | None = None
 
 
 def text_of(content: str | list[dict[str, Any]] | None, *, where: str) -> str:

@@ -27,18 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from farm.proxy.conversation import CompletionRequest, Sampling
 from farm.proxy.core import Event, Finished, Started, TextDelta
 from farm.proxy.errors import CONTEXT_LENGTH, ProxyError
-from farm.proxy.openai_chat import error_body, sse, usage_body
+from farm.proxy.openai_chat import StreamOptions, error_body, sse, usage_body
 
 WIRE = "openai.completions"
 #: OpenAI's (and vLLM's) max_tokens when a completion request does not say.
 DEFAULT_MAX_TOKENS = 16
 
 __all__ = ["WIRE", "error_body", "for_prompt", "new_id", "parse", "response", "stream"]
-
-
-class _StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    include_usage: bool | None = None
 
 
 class CompletionBody(BaseModel):
@@ -57,7 +52,7 @@ class CompletionBody(BaseModel):
     best_of: int | None = None
     suffix: str | None = None
     stream: bool | None = False
-    stream_options: _StreamOptions | None = None
+    stream_options: StreamOptions | None = None
     return_token_ids: bool | None = None
 
 
