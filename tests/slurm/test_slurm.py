@@ -8,6 +8,7 @@ Opt-in (``--run-slurm``): it installs Slurm if missing and runs daemons as root.
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import time
@@ -130,8 +131,13 @@ def test_farm_on_slurm_runs_a_mixed_batch_and_scancel_leaves_nothing(slurm_clust
     node_names = {b["id"].removeprefix("builtin@") for b in backends}
     assert all(re.fullmatch(r"farmnode-j\d+", name) for name in node_names), node_names
     for name in node_names:
-        # Each node sized itself from its allocation (sbatch's --cpus-per-task and --mem).
-        assert f"node {name} is up: 1 cpus, 2048 MB" in cluster.job_output(name.split("-j")[1])
+        # Each node sized itself from its allocation (sbatch's --cpus-per-task and --mem). The node
+        # says so right after it registered its backend: the line may land a moment after the
+        # balancer shows the backend, so it is waited for, not read once.
+        line = f"node {name} is up: 1 cpus, 2048 MB"
+        job = name.split("-j")[1]
+        said = functools.partial(lambda line, job: line in cluster.job_output(job), line, job)
+        wait_for(said, what=repr(line), cluster=cluster, logs=logs, timeout_s=30)
     seconds["nodes_up"] = time.monotonic() - started
 
     # When a mixed batch runs through the client library
