@@ -131,6 +131,13 @@ def test_vllm_pause_keep_resume_labels_tokens_with_the_new_version(vllm_server, 
     assert result.weight_versions == [(3, 0, len(result.token_ids))]
 
 
+async def running_requests(http: httpx.AsyncClient) -> float:
+    """The engine's ``vllm:num_requests_running`` gauge."""
+    text = (await http.get("/metrics")).text
+    lines = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
 def test_vllm_pause_abort_answers_the_turns_in_flight_with_finish_reason_abort(vllm_server, tiny_tokenizer):
     prompt = prompt_of(tiny_tokenizer, "a long answer please")
     body = {"model": "farm-tiny", "prompt": prompt, "max_tokens": 900, "ignore_eos": True, "logprobs": 0}
@@ -138,9 +145,13 @@ def test_vllm_pause_abort_answers_the_turns_in_flight_with_finish_reason_abort(v
 
     async def go() -> list[dict]:
         async with httpx.AsyncClient(base_url=vllm_server, timeout=300) as http:
-            # Eight long turns: they are still decoding when the pause lands, however fast this machine is.
+            # Eight long turns, paused once the engine runs them: a pause that lands before a turn
+            # reaches the engine only queues it (a loaded machine took more than 0.3 s to get there).
             turns = [asyncio.create_task(http.post("/v1/completions", json=body)) for _ in range(8)]
-            await asyncio.sleep(0.3)
+            deadline = time.monotonic() + 120
+            while await running_requests(http) < 1:
+                assert time.monotonic() < deadline, "vLLM never ran the turns"
+                await asyncio.sleep(0.02)
             await http.post("/pause", params={"mode": "abort"})
             answers = [(await turn).json() for turn in turns]
             await http.post("/resume")
