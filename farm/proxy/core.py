@@ -13,13 +13,14 @@ rebuilds them from the record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
@@ -134,6 +135,26 @@ class _Started:
     forced_ids: list[int] = field(default_factory=list)
     #: a legacy completion's prompt text (None for its ids, and for every other format).
     prompt_text: str | None = None
+
+
+@dataclass
+class _Prepared:
+    """A call's prompt, before anything is recorded: the backend starts on it while its pending
+    row commits (``ProxyCore._record_start``)."""
+
+    prompt_ids: np.ndarray
+    #: the ids the call adds to its parent's (all of them without a parent), forced ones included.
+    delta: list[int]
+    parent: trials.Parent | None
+    hashes: list[bytes]
+    continuity: Continuity
+    forced_ids: list[int] = field(default_factory=list)
+    #: the request messages the call adds (chat formats; None for a legacy completion).
+    messages: list[dict[str, Any]] | None = None
+    prompt_text: str | None = None
+    #: a chat call's messages when it starts a segment for no reason found yet: the record explains
+    #: it against the trial's latest call (a read that need not delay the backend).
+    unexplained: list[Message] | None = None
 
 
 #: a call, for the id cache: its trial, seq and start (a trial deleted and made again under the
@@ -269,8 +290,10 @@ class ProxyCore:
         renderer = self._renderer
         if renderer is None:  # loaded once, off the event loop
             renderer = await self._in_thread(lambda: self.renderer)
+        sampling = self._sampling(trial, request)
+        prepared: _Prepared
         if isinstance(request, CompletionRequest):
-            started = await self._in_thread(self._start_completion, trial, request, wire)
+            prepared = await self._in_thread(self._prepare_completion, trial, request, wire)
             parse_calls = False
         else:
             if not request.messages:
@@ -278,9 +301,8 @@ class ProxyCore:
             _check_tool_choice(request)
             messages = _with_tool_names(request.messages)
             hashes = chain(request.tools, messages)
-            started = await self._in_thread(self._start, trial, messages, request, hashes, wire)
+            prepared = await self._in_thread(self._prepare, trial, messages, request, hashes)
             parse_calls = bool(request.tools) and request.tool_choice != "none"
-        sampling = self._sampling(trial, request)
         tokenizer = renderer.tokenizer
         stop_ids = set(sampling.stop_token_ids)
         if tokenizer.eos_token_id is not None:
@@ -291,7 +313,7 @@ class ProxyCore:
         content: list[str] = []
         calls: list[ToolCall] = []
         # The forced opening of a call is read first: the model's ids continue it.
-        forced_text = tokenizer.decode(started.forced_ids, skip_special_tokens=False) if started.forced_ids else ""
+        forced_text = tokenizer.decode(prepared.forced_ids, skip_special_tokens=False) if prepared.forced_ids else ""
         forced_events = self._pieces(splitter.push(forced_text), content, calls, call_id_prefix)
         sampled: list[int] = []
         logprobs: list[float] = []
@@ -308,43 +330,52 @@ class ProxyCore:
         llm = LLMSession(
             balancer=self.balancer, job_id=trial_balancer_key(trial.id), clients=self.clients, honour_reject=True
         )
+        # The backend starts on the prompt while the call's pending row commits: nothing of the
+        # answer goes out before that commit (a call the harness sees is in the record), and a start
+        # that fails (the trial ended meanwhile) closes the backend's request unread.
+        recording = self._pool.submit(self._record_start, trial.id, prepared, wire, request.stream)
+        started: _Started | None = None
         try:
             # A streamed answer, or one a stop string may cut short (the rest is then aborted), is
             # read from the backend as it is decoded; any other is asked for whole: one answer to
             # parse instead of a chunk per token.
-            prompt_ids = started.prompt_ids.tolist()
+            prompt_ids = prepared.prompt_ids.tolist()
             num_top = request.top_logprobs if request.logprobs else 0
             if request.stream or request.sampling.stop:
                 stream = llm.generate_stream(prompt_ids, sampling, top_logprobs=num_top)
             else:
                 stream = _whole(llm, prompt_ids, sampling, num_top)
-            async for item in stream:
-                if isinstance(item, GenerateResult):
-                    finish, backend_id, cached, versions = (
-                        item.finish_reason,
-                        item.backend_id,
-                        item.cached_tokens,
-                        item.weight_versions,
-                    )
-                    continue
-                if first_token_s is None:
-                    first_token_s = time.perf_counter() - start
-                    yield Started(seq=started.seq, prompt_tokens=len(started.prompt_ids))
-                    for event in forced_events:  # text the template writes before a call's tag
+            # Closing the stream early (a stop string, a failure) closes the backend's request: it aborts.
+            async with contextlib.aclosing(stream):
+                async for item in stream:
+                    if isinstance(item, GenerateResult):
+                        finish, backend_id, cached, versions = (
+                            item.finish_reason,
+                            item.backend_id,
+                            item.cached_tokens,
+                            item.weight_versions,
+                        )
+                        continue
+                    if first_token_s is None:
+                        first_token_s = time.perf_counter() - start
+                        started = await asyncio.wrap_future(recording)
+                        yield Started(seq=started.seq, prompt_tokens=len(prepared.prompt_ids))
+                        for event in forced_events:  # text the template writes before a call's tag
+                            yielded = True
+                            yield event
+                    sampled += item.token_ids
+                    logprobs += item.logprobs
+                    tops += item.top_logprobs or []
+                    if request.stream and request.logprobs:
+                        yield _sampled(tokenizer, item)
+                    text, stop_string = stops.push(decoder.push(item.token_ids))
+                    for event in self._pieces(splitter.push(text), content, calls, call_id_prefix):
                         yielded = True
                         yield event
-                sampled += item.token_ids
-                logprobs += item.logprobs
-                tops += item.top_logprobs or []
-                if request.stream and request.logprobs:
-                    yield _sampled(tokenizer, item)
-                text, stop_string = stops.push(decoder.push(item.token_ids))
-                for event in self._pieces(splitter.push(text), content, calls, call_id_prefix):
-                    yielded = True
-                    yield event
-                if stop_string is not None:
-                    await stream.aclose()  # the rest of the answer is not wanted: the backend aborts it
-                    break
+                    if stop_string is not None:
+                        break  # the rest of the answer is not wanted
+            if started is None:
+                started = await asyncio.wrap_future(recording)
             tail, hit = stops.push(decoder.flush(), final=stop_string is None)
             stop_string = stop_string or hit
             for event in self._pieces([*splitter.push(tail), *splitter.finish()], content, calls, call_id_prefix):
@@ -377,9 +408,10 @@ class ProxyCore:
                 end = functools.partial(self._completion_end, started, sampled, reply)
             else:
                 end = functools.partial(_chat_end, started.hashes[-1], reply)
-            await self._in_thread(lambda: self._finish(trial.id, started, reply=reply, end=end, **record))
+            done = started
+            await self._in_thread(lambda: self._finish(trial.id, done, reply=reply, end=end, **record))
         except BaseException as exc:
-            await asyncio.shield(self._in_thread(self._fail, trial.id, started.seq, exc, yielded and request.stream))
+            await asyncio.shield(self._fail_recorded(trial.id, recording, exc, yielded and request.stream))
             raise
         texts: list[str] = []
         top_texts: list[list[tuple[str, float]]] = []
@@ -391,14 +423,12 @@ class ProxyCore:
             top_texts = [[(decoded[t], lp) for t, lp in top.items()] for top in tops[: len(sampled)]]
         yield Finished(
             reply=reply,
-            usage=Usage(prompt_tokens=len(started.prompt_ids), completion_tokens=len(sampled), cached_tokens=cached),
+            usage=Usage(prompt_tokens=len(prepared.prompt_ids), completion_tokens=len(sampled), cached_tokens=cached),
             seq=started.seq,
             token_ids=sampled,
             logprobs=logprobs,
             token_texts=texts,
-            prompt_ids=started.prompt_ids.tolist()
-            if isinstance(request, CompletionRequest) and request.prompt_ids
-            else [],
+            prompt_ids=prompt_ids if isinstance(request, CompletionRequest) and request.prompt_ids else [],
             top_logprobs=top_texts,
         )
 
@@ -433,16 +463,11 @@ class ProxyCore:
         except ValueError as exc:
             raise InvalidSpec(f"invalid sampling parameters: {exc}", field="sampling") from exc
 
-    def _start(
-        self, trial: TrialContext, messages: list[Message], request: ChatRequest, hashes: list[bytes], wire: str
-    ) -> _Started:
-        """Render the call's prompt and record it as pending.
-
-        The pending row's commit does not wait for the disk (``early_engine``): a database crash may
-        lose it; the call's own finish then finds no pending row and fails the call (the harness gets
-        an error, never an answer the record lacks), and every finish waits for the disk, carrying
-        the earlier writes with it (the WAL is written in order).
-        """
+    def _prepare(
+        self, trial: TrialContext, messages: list[Message], request: ChatRequest, hashes: list[bytes]
+    ) -> _Prepared:
+        """The call's prompt: its parent's ids and the template's delta for the new messages when
+        the request extends an earlier call, else the whole history rendered (a new segment)."""
         renderer = self.renderer
         with self._early.connect() as conn:
             parent = trials.find_parent(conn, trial.id, hashes)
@@ -472,40 +497,75 @@ class ProxyCore:
                     prompt = np.concatenate([parent_ids, np.asarray(delta, dtype=np.int32)])
                     continuity.extends = parent.seq
                     continuity.reused_tokens, continuity.template_tokens = len(parent_ids), len(delta)
-            if prompt is None:
-                delta = renderer.fresh(messages, request.tools)
-                prompt = np.asarray(delta, dtype=np.int32)
-                if continuity.reason is None:
-                    _explain_new_segment(conn, trial.id, hashes, messages, continuity)
-            forced = self._force_call(renderer, messages, request, continuity)
-            if forced:
-                prompt = np.concatenate([prompt, np.asarray(forced, dtype=np.int32)])
-                delta = [*delta, *forced]
-            added = messages[parent.covered :] if parent is not None else messages
+        unexplained: list[Message] | None = None
+        if prompt is None:
+            delta = renderer.fresh(messages, request.tools)
+            prompt = np.asarray(delta, dtype=np.int32)
+            unexplained = messages if continuity.reason is None else None
+        forced = self._force_call(renderer, messages, request, continuity)
+        if forced:
+            prompt = np.concatenate([prompt, np.asarray(forced, dtype=np.int32)])
+            delta = [*delta, *forced]
+        added = messages[parent.covered :] if parent is not None else messages
+        return _Prepared(
+            prompt_ids=prompt,
+            delta=delta,
+            parent=parent,
+            hashes=hashes,
+            continuity=continuity,
+            forced_ids=forced,
+            messages=[m.for_template() for m in added],
+            unexplained=unexplained,
+        )
+
+    def _record_start(self, trial_id: str, prepared: _Prepared, wire: str, streamed: bool) -> _Started:
+        """Record the call as pending; its seq.
+
+        The pending row's commit does not wait for the disk (``early_engine``): a database crash may
+        lose it; the call's own finish then finds no pending row and fails the call (the harness gets
+        an error, never an answer the record lacks), and every finish waits for the disk, carrying
+        the earlier writes with it (the WAL is written in order).
+
+        Raises:
+            TrialNotFound, TrialEnded.
+        """
+        continuity, parent = prepared.continuity, prepared.parent
+        with self._early.connect() as conn:
+            if prepared.unexplained is not None:
+                _explain_new_segment(conn, trial_id, prepared.hashes, prepared.unexplained, continuity)
             started_at = datetime.now(UTC)
             seq = trials.add_call(
                 conn,
-                trial.id,
+                trial_id,
                 parent=parent,
                 wire=wire,
-                streamed=request.stream,
-                message_hashes=hashes,
-                delta_ids=delta,
-                prompt_tokens=len(prompt),
+                streamed=streamed,
+                message_hashes=prepared.hashes,
+                delta_ids=prepared.delta,
+                prompt_tokens=len(prepared.prompt_ids),
                 continuity=continuity.as_dict(),
-                messages=[m.for_template() for m in added],
+                messages=prepared.messages,
                 started_at=started_at,
             )
             conn.commit()
         return _Started(
             seq=seq,
             parent_seq=parent.seq if parent is not None else None,
-            prompt_ids=prompt,
-            hashes=hashes,
+            prompt_ids=prepared.prompt_ids,
+            hashes=prepared.hashes,
             started_at=started_at,
             continuity=continuity.as_dict(),
-            forced_ids=forced,
+            forced_ids=prepared.forced_ids,
+            prompt_text=prepared.prompt_text,
         )
+
+    async def _fail_recorded(self, trial_id: str, recording: Future[_Started], exc: BaseException, seen: bool) -> None:
+        """Record a call's failure once its start is recorded (none to record if its start failed)."""
+        try:
+            started = await asyncio.wrap_future(recording)
+        except BaseException:  # noqa: BLE001 - the start's own failure is the one being raised
+            return
+        await self._in_thread(self._fail, trial_id, started.seq, exc, seen)
 
     @staticmethod
     def _force_call(
@@ -537,9 +597,8 @@ class ProxyCore:
             extra["text_keys"] = completion.text_keys(started.prompt_text, sampled_text, reply.content)
         return completion.ids_hash(ids), extra
 
-    def _start_completion(self, trial: TrialContext, request: CompletionRequest, wire: str) -> _Started:
-        """A legacy completion's prompt ids (no template: see ``farm.proxy.completion``), recorded
-        as pending as ``_start`` does.
+    def _prepare_completion(self, trial: TrialContext, request: CompletionRequest, wire: str) -> _Prepared:
+        """A legacy completion's prompt ids (no template: see ``farm.proxy.completion``).
 
         Raises:
             InvalidSpec: an empty prompt, or ids outside the vocabulary.
@@ -588,28 +647,13 @@ class ProxyCore:
                     earlier = trials.latest_hashes(conn, trial.id)
                     continuity.reason = "first call" if earlier is None else "the trial's first completion call"
                     continuity.compared_with = earlier[0] if earlier is not None else None
-            started_at = datetime.now(UTC)
-            seq = trials.add_call(
-                conn,
-                trial.id,
-                parent=parent,
-                wire=wire,
-                streamed=request.stream,
-                message_hashes=[completion.ids_hash(prompt)],
-                delta_ids=delta,
-                prompt_tokens=len(prompt),
-                continuity=continuity.as_dict(),
-                started_at=started_at,
-            )
-            conn.commit()
-        text = given if isinstance(given, str) else None
-        return _Started(
-            seq=seq,
-            parent_seq=parent.seq if parent else None,
+        return _Prepared(
             prompt_ids=prompt,
-            hashes=[],
-            started_at=started_at,
-            prompt_text=text,
+            delta=delta,
+            parent=parent,
+            hashes=[completion.ids_hash(prompt)],
+            continuity=continuity,
+            prompt_text=given if isinstance(given, str) else None,
         )
 
     def _finish(

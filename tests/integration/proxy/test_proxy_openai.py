@@ -202,6 +202,20 @@ def test_proxy_names_exactly_the_parameter_to_fix(new_trial: Any, body: Any, par
     assert error["param"] == param and error["message"].count("\n") == 0, error
 
 
+def test_proxy_refused_call_leaves_nothing_in_the_record(new_trial: Any, api: httpx.Client) -> None:
+    """A call refused before it reaches the backend (here, sampling parameters past their limit,
+    streamed) leaves no pending call behind: ending the trial must not mark it incomplete."""
+    trial = new_trial()
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**7, "stream": True}
+    resp = httpx.post(
+        f"{trial['openai_base_url']}/chat/completions", json=body, headers={"Authorization": f"Bearer {trial['key']}"}
+    )
+    assert resp.status_code == 400, resp.text
+    assert api.post(f"/v1/trials/{trial['id']}/end").status_code == 200
+    ended = api.get(f"/v1/trials/{trial['id']}").json()
+    assert ended["incomplete"] is None and ended["calls"] == 0, ended
+
+
 def test_proxy_context_overflow_is_openais_context_length_error(new_trial: Any) -> None:
     trial = new_trial()
     client = openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"], max_retries=0)
