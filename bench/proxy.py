@@ -16,10 +16,11 @@ and on a small machine they share the cores: the default ratio measures that con
 ``--step-ms 25`` gives the backend a served model's pace (each decode step lasts 25 ms, waited, not
 computed): the proxy's overhead as a node with a GPU backend sees it.
 
-Time to first token, one request at a time (a 256-token answer): streamed through the proxy
+Time to first token, one request at a time (a 256-token answer, median of 15): streamed through the proxy
 (``ttft_stream_ms``, to the first content chunk; ``ttft_sdk_ms`` the same read by the openai SDK) and
 not streamed (``ttft_nostream_ms``, the whole answer). Its floor is one prefill plus one decode step,
-measured straight at the backend as a ``max_tokens=2`` request (``prefill_decode_ms``); target
+measured straight at the backend as a ``max_tokens=2`` request on a prompt as long as the proxy's and
+new to the backend's prefix cache (``prefill_decode_ms``); target
 ``ttft_ratio`` = ttft_stream / floor <= 1.5.
 """
 
@@ -44,6 +45,8 @@ from farm.embedded import EmbeddedStack  # noqa: E402
 from farm.llm.client import VLLMClient  # noqa: E402
 from farm.llm.types import GenerateRequest, SamplingParams  # noqa: E402
 
+#: the floor's prompts draw from these ids (ordinary tokens of the tiny model's vocabulary).
+FLOOR_IDS = (100, 500)
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda".split()
 
 
@@ -117,7 +120,7 @@ async def direct_round(backend: VLLMClient, prompts: list[list[tuple[list[int], 
     return latencies
 
 
-async def ttft(api: httpx.AsyncClient, proxy_url: str, backend: VLLMClient, repeats: int = 5) -> dict[str, float]:
+async def ttft(api: httpx.AsyncClient, proxy_url: str, backend: VLLMClient, repeats: int = 15) -> dict[str, float]:
     import openai
 
     made = (await api.post("/v1/trials", json={"sampling": {"seed": 3}})).json()
@@ -128,6 +131,12 @@ async def ttft(api: httpx.AsyncClient, proxy_url: str, backend: VLLMClient, repe
         openai.AsyncOpenAI(base_url=base, api_key=made["key"], max_retries=0) as client,
         httpx.AsyncClient(timeout=120) as http,
     ):
+        # The floor's prompts are as long as the proxy's and new to the backend's prefix cache each
+        # time (a prompt it has seen costs no prefill: the floor would be one decode step alone).
+        body = {"model": "farm-tiny", "messages": [{"role": "user", "content": "a long story 0"}], "max_tokens": 1}
+        await http.post(f"{base}/chat/completions", json=body, headers=headers)
+        record = (await api.get(f"/v1/trials/{made['id']}/record")).json()
+        prompt_tokens = record["certificate"][0]["prompt_tokens"]
         for r in range(repeats):
             messages: list[Any] = [{"role": "user", "content": f"a long story {r}"}]
             body = {"model": "farm-tiny", "messages": messages, "max_tokens": 256, "stream": True}
@@ -151,7 +160,7 @@ async def ttft(api: httpx.AsyncClient, proxy_url: str, backend: VLLMClient, repe
             start = time.perf_counter()
             await client.chat.completions.create(model="farm-tiny", messages=messages, max_tokens=256)
             whole_s.append(time.perf_counter() - start)
-            prompt = [5] * 24
+            prompt = [FLOOR_IDS[0] + (r * 31 + k * 17) % (FLOOR_IDS[1] - FLOOR_IDS[0]) for k in range(prompt_tokens)]
             start = time.perf_counter()
             await backend.generate(GenerateRequest(prompt_token_ids=prompt, sampling=SamplingParams(max_tokens=2)))
             floor_s.append(time.perf_counter() - start)
