@@ -124,20 +124,6 @@ Event = Started | Sampled | TextDelta | ToolCallEvent | Finished
 
 
 @dataclass
-class _Started:
-    seq: int
-    parent_seq: int | None
-    prompt_ids: np.ndarray
-    hashes: list[bytes]
-    started_at: datetime
-    continuity: dict[str, Any] = field(default_factory=dict)
-    #: the end of ``prompt_ids`` that opens a tool call (a tool_choice that demands one): not sampled.
-    forced_ids: list[int] = field(default_factory=list)
-    #: a legacy completion's prompt text (None for its ids, and for every other format).
-    prompt_text: str | None = None
-
-
-@dataclass
 class _Prepared:
     """A call's prompt, before anything is recorded: the backend starts on it while its pending
     row commits (``ProxyCore._record_start``)."""
@@ -148,13 +134,24 @@ class _Prepared:
     parent: trials.Parent | None
     hashes: list[bytes]
     continuity: Continuity
+    #: the end of ``prompt_ids`` that opens a tool call (a tool_choice that demands one): not sampled.
     forced_ids: list[int] = field(default_factory=list)
     #: the request messages the call adds (chat formats; None for a legacy completion).
     messages: list[dict[str, Any]] | None = None
+    #: a legacy completion's prompt text (None for its ids, and for every other format).
     prompt_text: str | None = None
     #: a chat call's messages when it starts a segment for no reason found yet: the record explains
     #: it against the trial's latest call (a read that need not delay the backend).
     unexplained: list[Message] | None = None
+
+
+@dataclass(frozen=True)
+class _Started:
+    """A call recorded as pending: its seq and start, and the prompt it was started on."""
+
+    seq: int
+    started_at: datetime
+    prepared: _Prepared
 
 
 #: a call, for the id cache: its trial, seq and start (a trial deleted and made again under the
@@ -401,13 +398,13 @@ class ProxyCore:
                 "latency_s": time.perf_counter() - start,
                 # A stop string cuts the answer short: spans past what was kept are dropped.
                 "weight_versions": [(v, s, min(e, len(sampled))) for v, s, e in versions if s < len(sampled)],
-                "continuity": {**started.continuity, "tool_choice_unmet": unmet} if unmet else None,
+                "continuity": {**prepared.continuity.as_dict(), "tool_choice_unmet": unmet} if unmet else None,
             }
             end: Callable[[], tuple[bytes, dict[str, Any]]]
             if isinstance(request, CompletionRequest):
                 end = functools.partial(self._completion_end, started, sampled, reply)
             else:
-                end = functools.partial(_chat_end, started.hashes[-1], reply)
+                end = functools.partial(_chat_end, prepared.hashes[-1], reply)
             done = started
             await self._in_thread(lambda: self._finish(trial.id, done, reply=reply, end=end, **record))
         except BaseException as exc:
@@ -548,16 +545,7 @@ class ProxyCore:
                 started_at=started_at,
             )
             conn.commit()
-        return _Started(
-            seq=seq,
-            parent_seq=parent.seq if parent is not None else None,
-            prompt_ids=prepared.prompt_ids,
-            hashes=prepared.hashes,
-            started_at=started_at,
-            continuity=continuity.as_dict(),
-            forced_ids=prepared.forced_ids,
-            prompt_text=prepared.prompt_text,
-        )
+        return _Started(seq=seq, started_at=started_at, prepared=prepared)
 
     async def _fail_recorded(self, trial_id: str, recording: Future[_Started], exc: BaseException, seen: bool) -> None:
         """Record a call's failure once its start is recorded (none to record if its start failed)."""
@@ -590,11 +578,12 @@ class ProxyCore:
 
     def _completion_end(self, started: _Started, sampled: list[int], reply: Reply) -> tuple[bytes, dict[str, Any]]:
         """A legacy completion's end keys: the hash of its ids, and for a text prompt its text keys."""
-        ids = np.concatenate([started.prompt_ids, np.asarray(sampled, dtype=np.int32)])
+        prepared = started.prepared
+        ids = np.concatenate([prepared.prompt_ids, np.asarray(sampled, dtype=np.int32)])
         extra: dict[str, Any] = {"text_keys": None}
-        if started.prompt_text is not None:
+        if prepared.prompt_text is not None:
             sampled_text = str(self.renderer.tokenizer.decode(sampled, skip_special_tokens=False))
-            extra["text_keys"] = completion.text_keys(started.prompt_text, sampled_text, reply.content)
+            extra["text_keys"] = completion.text_keys(prepared.prompt_text, sampled_text, reply.content)
         return completion.ids_hash(ids), extra
 
     def _prepare_completion(self, trial: TrialContext, request: CompletionRequest, wire: str) -> _Prepared:
@@ -662,13 +651,14 @@ class ProxyCore:
         """``end``: the call's end hash and what its reply's record adds to the reply (computed
         here, off the event loop)."""
         reply: Reply = record.pop("reply")
+        parent = started.prepared.parent
         end_hash, extra = end()
         with self.engine.begin() as conn:
             done = trials.finish_call(
                 conn,
                 trial_id,
                 started.seq,
-                parent_seq=started.parent_seq,
+                parent_seq=parent.seq if parent is not None else None,
                 finish_reason=reply.finish_reason,
                 reply={**reply.model_dump(mode="json"), **extra},
                 end_hash=end_hash,
@@ -677,7 +667,7 @@ class ProxyCore:
         if not done:
             raise trials.TrialEnded(f"trial {trial_id!r} ended while call {started.seq} was generating")
         metrics.record_proxy_call(self.balancer.redis, "ok")
-        ids = np.concatenate([started.prompt_ids, np.asarray(record["sampled_ids"], dtype=np.int32)])
+        ids = np.concatenate([started.prepared.prompt_ids, np.asarray(record["sampled_ids"], dtype=np.int32)])
         self._ids.put((trial_id, started.seq, started.started_at), ids)
 
     def _fail(self, trial_id: str, seq: int, exc: BaseException, seen: bool) -> None:
