@@ -20,11 +20,11 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
 from farm.proxy.core import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
-from farm.proxy.errors import CONTEXT_LENGTH, ProxyError
+from farm.proxy.errors import CONTEXT_LENGTH, ProxyError, validated
 
 WIRE = "anthropic.messages"
 CALL_ID_PREFIX = "toolu_"
@@ -128,22 +128,13 @@ def _messages(body: MessagesBody | CountTokensBody) -> tuple[list[Message], list
     return out, tools
 
 
-def _invalid(exc: ValidationError) -> ProxyError:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "body"  # a body that is no JSON object
-    return ProxyError(400, f"{where}: {first['msg']}", param=where)
-
-
 def parse(raw: Any) -> ChatRequest:
     """The request in the proxy's terms.
 
     Raises:
         ProxyError: 400 naming what to fix.
     """
-    try:
-        body = MessagesBody.model_validate(raw)
-    except ValidationError as exc:
-        raise _invalid(exc) from exc
+    body = validated(MessagesBody, raw, prefix="")
     messages, tools = _messages(body)
     choice = body.tool_choice or {"type": "auto"}
     kind = choice.get("type")
@@ -175,10 +166,7 @@ def parse(raw: Any) -> ChatRequest:
 
 
 def parse_count(raw: Any) -> ChatRequest:
-    try:
-        body = CountTokensBody.model_validate(raw)
-    except ValidationError as exc:
-        raise _invalid(exc) from exc
+    body = validated(CountTokensBody, raw, prefix="")
     messages, tools = _messages(body)
     return ChatRequest(model=body.model, messages=messages, tools=tools)
 

@@ -87,9 +87,18 @@ class Match:
     compared_with: int | None = None
 
 
+def _longest(found: list[tuple[int, int, CompletionEnd]]) -> Match:
+    """Of the ends a prompt starts with (covered length, seq, end), the longest, the latest of equals."""
+    covered, _, parent = max(found, key=lambda f: (f[0], f[1]))
+    return Match(parent=parent, covered=covered)
+
+
 def find(ends: list[CompletionEnd], prompt: str | np.ndarray) -> Match:
     """The parent of a completion whose prompt is ``prompt`` among the trial's finished
     completion calls ``ends`` (in seq order)."""
+    if not ends:
+        return Match(parent=None)
+    latest = ends[-1]
     if isinstance(prompt, str):
         keyed = [(e, e.text_keys) for e in ends if e.text_keys]
         lengths = {n for _, keys in keyed for n, _ in keys.values()}
@@ -100,11 +109,7 @@ def find(ends: list[CompletionEnd], prompt: str | np.ndarray) -> Match:
 
         found = [(keys["end"][0], e.seq, e) for e, keys in keyed if hit(keys["end"])]
         if found:
-            covered, _, parent = max(found, key=lambda f: (f[0], f[1]))
-            return Match(parent=parent, covered=covered)
-        if not ends:
-            return Match(parent=None)
-        latest = ends[-1]
+            return _longest(found)
         shown = [e for e, keys in keyed if hit(keys["shown"])]
         if shown:
             seq, stop = shown[-1].seq, shown[-1].stop_string
@@ -124,11 +129,7 @@ def find(ends: list[CompletionEnd], prompt: str | np.ndarray) -> Match:
     have = _prefix_hashes_ids(prompt, {e.end_tokens for e in ends})
     found_ids = [(e.end_tokens, e.seq, e) for e in ends if have.get(e.end_tokens) == e.end_hash]
     if found_ids:
-        covered, _, parent = max(found_ids, key=lambda f: (f[0], f[1]))
-        return Match(parent=parent, covered=covered)
-    if not ends:
-        return Match(parent=None)
-    latest = ends[-1]
+        return _longest(found_ids)
     if latest.prompt_hash == ids_hash(prompt):
         reason = f"repeats call {latest.seq}'s prompt (a retry, or another sample of it)"
     else:

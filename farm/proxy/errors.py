@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from farm.db.trials import TrialEnded, TrialNotFound
 from farm.errors import (
@@ -23,6 +25,7 @@ from farm.errors import (
 CONTEXT_LENGTH = "context_length_exceeded"
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
 
 
@@ -33,6 +36,20 @@ class ProxyError(Exception):
         self.message = message
         self.param = param
         self.code = code
+
+
+def validated(model: type[M], raw: Any, *, prefix: str = "invalid request: ") -> M:
+    """``raw`` read as ``model``.
+
+    Raises:
+        ProxyError: 400 naming the first field at fault (``body`` for a body that is no JSON object).
+    """
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise ProxyError(400, f"{prefix}{where}: {first['msg']}", param=where) from exc
 
 
 def proxy_error(exc: FarmError) -> ProxyError:

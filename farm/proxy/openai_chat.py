@@ -16,11 +16,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
 from farm.proxy.core import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent, Usage
-from farm.proxy.errors import ProxyError
+from farm.proxy.errors import ProxyError, validated
 
 WIRE = "openai.chat"
 #: OpenAI's bound on ``top_logprobs`` (Chat Completions and Responses alike).
@@ -104,12 +104,7 @@ def parse(raw: Any) -> tuple[ChatRequest, bool]:
     Raises:
         ProxyError: 400 naming the field to fix.
     """
-    try:
-        body = ChatCompletionBody.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"  # a body that is no JSON object
-        raise ProxyError(400, f"invalid request: {where}: {first['msg']}", param=where) from exc
+    body = validated(ChatCompletionBody, raw)
     if body.n not in (None, 1):
         raise ProxyError(400, "n must be 1: the proxy samples one answer per request", param="n")
     top_logprobs = check_top_logprobs(body.top_logprobs)

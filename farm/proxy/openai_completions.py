@@ -22,11 +22,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from farm.proxy.conversation import CompletionRequest, Sampling
 from farm.proxy.core import Event, Finished, Started, TextDelta
-from farm.proxy.errors import CONTEXT_LENGTH, ProxyError
+from farm.proxy.errors import CONTEXT_LENGTH, ProxyError, validated
 from farm.proxy.openai_chat import StreamOptions, error_body, sse, usage_body
 
 WIRE = "openai.completions"
@@ -88,12 +88,7 @@ def parse(raw: Any) -> tuple[CompletionRequest, bool, bool]:
     Raises:
         ProxyError: 400 naming the field to fix.
     """
-    try:
-        body = CompletionBody.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ProxyError(400, f"invalid request: {where}: {first['msg']}", param=where) from exc
+    body = validated(CompletionBody, raw)
     prompt = _prompt(body.prompt)
     if body.n not in (None, 1):
         raise ProxyError(400, "n must be 1: the proxy samples one answer per request", param="n")

@@ -23,11 +23,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
 from farm.proxy.core import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
-from farm.proxy.errors import ProxyError
+from farm.proxy.errors import ProxyError, validated
 from farm.proxy.openai_chat import check_top_logprobs, error_body, text_of, token_logprobs
 
 WIRE = "openai.responses"
@@ -58,12 +58,7 @@ def parse(raw: Any) -> ChatRequest:
     Raises:
         ProxyError: 400 naming what to fix.
     """
-    try:
-        body = ResponsesBody.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"  # a body that is no JSON object
-        raise ProxyError(400, f"invalid request: {where}: {first['msg']}", param=where) from exc
+    body = validated(ResponsesBody, raw)
     if body.previous_response_id:
         raise ProxyError(
             400,

@@ -244,6 +244,15 @@ def test_completion_bad_request_is_a_400_naming_the_field(new_trial: Any, body: 
     assert error["param"] == param
 
 
+def test_completion_body_that_is_no_object_is_a_400_naming_the_body(new_trial: Any) -> None:
+    trial = new_trial()
+    resp = httpx.post(
+        f"{trial['openai_base_url']}/completions", json=["x"], headers={"Authorization": f"Bearer {trial['key']}"}
+    )
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == "body"
+
+
 def test_completion_errors_through_the_sdk(new_trial: Any, api: httpx.Client) -> None:
     trial = new_trial()
     client = _client(trial)
