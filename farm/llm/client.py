@@ -40,6 +40,8 @@ from farm.errors import (
 )
 from farm.llm.parse import parse_completion, parse_generate, parse_sglang
 from farm.llm.sse import Collected, events
+from farm.llm.transport import LeanTransport
+from farm.llm.transport import usable as transport_usable
 from farm.llm.types import BackendKind, GenerateRequest, GenerateResult, StreamDelta
 
 #: what a streamed generation yields: the ids as they are sampled, then the whole result.
@@ -82,6 +84,8 @@ class _HttpBackend:
         self.backend_id = backend_id or self.base_url
         self.model = model
         self.connect_retries = connect_retries
+        if transport is None and transport_usable(self.base_url):
+            transport = LeanTransport(max_connections=max_connections, keepalive_expiry=KEEPALIVE_EXPIRY_S)
         # One pooled keep-alive client per backend: each turn reuses a warm connection.
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
