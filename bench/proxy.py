@@ -5,7 +5,7 @@
 A farm (API, a ``farm proxy`` process, the built-in backend on the tiny model; no workers) on a
 fresh PostgreSQL database. Each round runs ``--trials`` concurrent trials of ``--turns`` turns
 through the proxy's Chat Completions route (each turn: the history, the reply, a new user message),
-with a plain httpx client as on the direct side (the openai SDK adds ~35 ms of its own per call
+with a plain httpx client on the transport the direct side's client uses (the openai SDK adds ~35 ms of its own per call
 here, which is the harness's cost, not the proxy's: ``ttft_sdk_ms`` shows it), then
 replays every call's exact prompt ids straight to the backend (``/v1/completions``, the same seed,
 so the same tokens are sampled), turn by turn, ``--trials`` at a time. Proxy and direct rounds
@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import emit, flushed_redis, free_port, fresh_database, stack_settings  # noqa: E402
 from farm.embedded import EmbeddedStack  # noqa: E402
-from farm.llm.client import VLLMClient  # noqa: E402
+from farm.llm.client import KEEPALIVE_EXPIRY_S, VLLMClient  # noqa: E402
+from farm.llm.transport import LeanTransport  # noqa: E402
 from farm.llm.types import GenerateRequest, SamplingParams  # noqa: E402
 
 #: the floor's prompts draw from these ids (ordinary tokens of the tiny model's vocabulary).
@@ -56,6 +57,13 @@ def cpu_of(process: psutil.Process) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in [process, *process.children(recursive=True)])
 
 
+def lean_client(connections: int) -> httpx.AsyncClient:
+    """The bench's own client to the proxy: the transport the direct side's ``VLLMClient`` uses, so
+    both sides pay the same client cost (httpx's default costs ~1 ms more CPU per request here)."""
+    transport = LeanTransport(max_connections=connections, keepalive_expiry=KEEPALIVE_EXPIRY_S)
+    return httpx.AsyncClient(timeout=120, transport=transport)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -65,12 +73,9 @@ async def proxy_round(
     api: httpx.AsyncClient, proxy_url: str, trials: int, turns: int, max_tokens: int, tag: str
 ) -> tuple[list[float], list[str]]:
     latencies: list[float] = []
-    ids: list[str] = []
-    http = httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=trials, max_keepalive_connections=trials))
+    http = lean_client(trials)
 
-    async def one(i: int) -> None:
-        made = (await api.post("/v1/trials", json={"sampling": {"seed": i}})).json()
-        ids.append(made["id"])
+    async def one(i: int, made: dict[str, Any]) -> None:
         url = f"{proxy_url}/proxy/{made['id']}/v1/chat/completions"
         headers = {"Authorization": f"Bearer {made['key']}"}
         messages: list[Any] = [{"role": "user", "content": f"{tag} {WORDS[i % len(WORDS)]} {i}"}]
@@ -88,8 +93,12 @@ async def proxy_round(
                 {"role": "user", "content": f"{WORDS[turn % len(WORDS)]} again"},
             ]
 
+    # Every trial exists before the first call, so the calls start together as the direct side's do
+    # (trials created on the way stagger them: the backend then batches less and the bench measured that).
+    made = [(await api.post("/v1/trials", json={"sampling": {"seed": i}})).json() for i in range(trials)]
+    ids = [m["id"] for m in made]
     async with http:
-        await asyncio.gather(*(one(i) for i in range(trials)))
+        await asyncio.gather(*(one(i, m) for i, m in enumerate(made)))
     return latencies, ids
 
 
@@ -130,7 +139,7 @@ async def ttft(api: httpx.AsyncClient, proxy_url: str, backend: VLLMClient, repe
     stream_s, sdk_s, whole_s, floor_s = [], [], [], []
     async with (
         openai.AsyncOpenAI(base_url=base, api_key=made["key"], max_retries=0) as client,
-        httpx.AsyncClient(timeout=120) as http,
+        lean_client(1) as http,
     ):
         # The floor's prompts are as long as the proxy's and new to the backend's prefix cache each
         # time (a prompt it has seen costs no prefill: the floor would be one decode step alone).

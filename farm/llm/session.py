@@ -101,6 +101,24 @@ class LLMSession:
         self.aborted_turns = 0
         #: seconds turns waited for a weight update to end.
         self.paused_s = 0.0
+        #: the backend being found ahead of the next turn (``acquire_ahead``).
+        self._ahead: asyncio.Future[Lease] | None = None
+
+    def acquire_ahead(self) -> None:
+        """Start finding the job's backend now, while the caller still prepares its turn: the turn
+        then takes the lease instead of waiting for a balancer round trip (and a thread) of its own.
+        ``drop_ahead`` when no turn follows."""
+        if self._ahead is None:
+            self._ahead = asyncio.ensure_future(self._acquire())
+
+    def drop_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.cancel()  # which also marks a failure no turn waited for as seen: nobody's to raise
+
+    async def _lease(self) -> Lease:
+        ahead, self._ahead = self._ahead, None
+        return await ahead if ahead is not None else await self._acquire()
 
     async def __aenter__(self) -> LLMSession:
         return self
@@ -130,7 +148,7 @@ class LLMSession:
         last: UpstreamConnectError | None = None
         reroutes = unpaused_aborts = 0
         while reroutes <= self.max_reroutes:
-            lease = await self._acquire()
+            lease = await self._lease()
             try:
                 result = await self.clients.get(lease).generate(request)
             except UpstreamConnectError as exc:
@@ -178,7 +196,7 @@ class LLMSession:
         reroutes = unpaused_aborts = 0
         start = time.perf_counter()
         while reroutes <= self.max_reroutes:
-            lease = await self._acquire()
+            lease = await self._lease()
             part = request if not ids else _continued(request, ids)
             result: GenerateResult | None = None
             try:
@@ -250,6 +268,7 @@ class LLMSession:
 
     async def close(self) -> None:
         """Release the job's backend slot (idempotent)."""
+        self.drop_ahead()
         await asyncio.to_thread(self.balancer.release, self.job_id)
 
 

@@ -288,18 +288,27 @@ class ProxyCore:
         if renderer is None:  # loaded once, off the event loop
             renderer = await self._in_thread(lambda: self.renderer)
         sampling = self._sampling(trial, request)
-        prepared: _Prepared
-        if isinstance(request, CompletionRequest):
-            prepared = await self._in_thread(self._prepare_completion, trial, request, wire)
-            parse_calls = False
-        else:
+        if isinstance(request, ChatRequest):
             if not request.messages:
                 raise InvalidSpec("messages must not be empty", field="messages")
             _check_tool_choice(request)
-            messages = _with_tool_names(request.messages)
-            hashes = chain(request.tools, messages)
-            prepared = await self._in_thread(self._prepare, trial, messages, request, hashes)
-            parse_calls = bool(request.tools) and request.tool_choice != "none"
+        llm = LLMSession(
+            balancer=self.balancer, job_id=trial_balancer_key(trial.id), clients=self.clients, honour_reject=True
+        )
+        llm.acquire_ahead()  # the balancer's round trip overlaps the prompt's preparation
+        prepared: _Prepared
+        try:
+            if isinstance(request, CompletionRequest):
+                prepared = await self._in_thread(self._prepare_completion, trial, request, wire)
+                parse_calls = False
+            else:
+                messages = _with_tool_names(request.messages)
+                hashes = chain(request.tools, messages)
+                prepared = await self._in_thread(self._prepare, trial, messages, request, hashes)
+                parse_calls = bool(request.tools) and request.tool_choice != "none"
+        except BaseException:
+            llm.drop_ahead()
+            raise
         tokenizer = renderer.tokenizer
         stop_ids = set(sampling.stop_token_ids)
         if tokenizer.eos_token_id is not None:
@@ -324,9 +333,6 @@ class ProxyCore:
         backend_id: str | None = None
         cached: int | None = None
         versions: list[tuple[int, int, int]] = []
-        llm = LLMSession(
-            balancer=self.balancer, job_id=trial_balancer_key(trial.id), clients=self.clients, honour_reject=True
-        )
         # The backend starts on the prompt while the call's pending row commits: nothing of the
         # answer goes out before that commit (a call the harness sees is in the record), and a start
         # that fails (the trial ended meanwhile) closes the backend's request unread.
@@ -408,6 +414,7 @@ class ProxyCore:
             done = started
             await self._in_thread(lambda: self._finish(trial.id, done, reply=reply, end=end, **record))
         except BaseException as exc:
+            llm.drop_ahead()
             await asyncio.shield(self._fail_recorded(trial.id, recording, exc, yielded and request.stream))
             raise
         texts: list[str] = []
