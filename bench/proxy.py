@@ -15,7 +15,10 @@ rounds; ``overhead_ratio`` is the median over rounds of a round's proxy p50 over
 With the tiny model on a CPU, the backend's work per call is about the proxy's own (~6 ms of CPU),
 and on a small machine they share the cores: the default ratio measures that contention.
 ``--step-ms 25`` gives the backend a served model's pace (each decode step lasts 25 ms, waited, not
-computed): the proxy's overhead as a node with a GPU backend sees it.
+computed): the proxy's overhead as a node with a GPU backend sees it. ``--pin`` (Linux) keeps the
+tiny model's pace but gives the backend a core of its own (every other process of the farm, the
+bench and the PostgreSQL connections serving it get the other cores): what is left of the overhead
+then is the proxy's own latency, not its CPU taken from the backend.
 
 Time to first token, one request at a time (a 256-token answer, median of 15): streamed through the proxy
 (``ttft_stream_ms``, to the first content chunk; ``ttft_sdk_ms`` the same read by the openai SDK) and
@@ -29,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import statistics
 import sys
 import tempfile
@@ -38,6 +43,7 @@ from typing import Any
 
 import httpx
 import psutil
+from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -50,6 +56,28 @@ from farm.llm.types import GenerateRequest, SamplingParams  # noqa: E402
 #: the floor's prompts draw from these ids (ordinary tokens of the tiny model's vocabulary).
 FLOOR_IDS = (100, 500)
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda".split()
+
+
+def pin(stack: EmbeddedStack, db_name: str) -> None:
+    """The backend's threads on the first core; the farm's other processes (with their children),
+    this one and the PostgreSQL backends serving ``db_name`` on the rest. Threads started later
+    inherit their creator's cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--pin needs at least 2 cores")
+    own, rest = {cores[0]}, set(cores[1:])
+    placed: list[tuple[psutil.Process, set[int]]] = [(psutil.Process(), rest)]
+    for service in stack.services:
+        process = psutil.Process(service.process.pid)
+        for p in [process, *process.children(recursive=True)]:
+            placed.append((p, own if service.name == "llm" else rest))
+    for p in psutil.process_iter(["cmdline"]):
+        if p.info["cmdline"] and db_name in " ".join(p.info["cmdline"]):
+            placed.append((p, rest))
+    for p, where in placed:
+        for thread in p.threads():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(thread.id, where)
 
 
 def cpu_of(process: psutil.Process) -> float:
@@ -238,6 +266,7 @@ def main() -> None:
         default=0.0,
         help="each decode step of the backend lasts at least this long (a bigger model's pace, without its CPU)",
     )
+    parser.add_argument("--pin", action="store_true", help="the backend on a core of its own (Linux)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url, flushed_redis() as redis_url:
         settings = stack_settings(Path(tmp), redis_url=redis_url, database_url=db_url, concurrency={})
@@ -256,6 +285,8 @@ def main() -> None:
                         break
                 except httpx.HTTPError:
                     time.sleep(0.2)
+            if args.pin:
+                pin(stack, make_url(db_url).database or "")
             figures = asyncio.run(run(stack, proxy_url, args))
         finally:
             stack.stop()
@@ -266,6 +297,7 @@ def main() -> None:
             "max_tokens": args.max_tokens,
             "proxy_processes": args.processes,
             "step_ms": args.step_ms,
+            "pinned": args.pin,
             **figures,
         }
     )
