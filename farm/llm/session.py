@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import httpx
@@ -83,8 +84,12 @@ class LLMSession:
         max_reroutes: int = DEFAULT_MAX_REROUTES,
         honour_reject: bool = False,
         backend_wait_s: float = 0.0,
+        executor: Executor | None = None,
     ) -> None:
         self.balancer = balancer
+        #: threads for the balancer's Redis calls (None: the event loop's default pool, which has
+        #: cpu + 4 threads: a process making many calls at once wants its own, bigger pool).
+        self.executor = executor
         #: how long a turn waits for a healthy backend to be registered or re-admitted before it
         #: raises NoBackendAvailable (0: at once).
         self.backend_wait_s = backend_wait_s
@@ -115,6 +120,9 @@ class LLMSession:
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead.cancel()  # which also marks a failure no turn waited for as seen: nobody's to raise
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     async def _lease(self) -> Lease:
         ahead, self._ahead = self._ahead, None
@@ -154,12 +162,12 @@ class LLMSession:
             except UpstreamConnectError as exc:
                 last = exc
                 reroutes += 1
-                await asyncio.to_thread(self.balancer.set_healthy, lease.backend_id, False)
+                await self._blocking(self.balancer.set_healthy, lease.backend_id, False)
                 continue
             if result.finish_reason is not FinishReason.ABORT:
                 return stamped(result, lease.weight_version)
             self.aborted_turns += 1
-            if await asyncio.to_thread(self.balancer.paused) is None:
+            if await self._blocking(self.balancer.paused) is None:
                 unpaused_aborts += 1
                 if unpaused_aborts > MAX_UNPAUSED_ABORTS:
                     raise UpstreamError(
@@ -208,7 +216,7 @@ class LLMSession:
             except UpstreamConnectError as exc:
                 last = exc
                 reroutes += 1
-                await asyncio.to_thread(self.balancer.set_healthy, lease.backend_id, False)
+                await self._blocking(self.balancer.set_healthy, lease.backend_id, False)
                 continue
             assert result is not None  # a stream ends with its result or raises
             at = len(ids)
@@ -231,7 +239,7 @@ class LLMSession:
                 )
                 return
             self.aborted_turns += 1
-            if await asyncio.to_thread(self.balancer.paused) is None:
+            if await self._blocking(self.balancer.paused) is None:
                 unpaused_aborts += 1
                 if unpaused_aborts > MAX_UNPAUSED_ABORTS:
                     raise UpstreamError(
@@ -249,7 +257,7 @@ class LLMSession:
         deadline = time.monotonic() + self.backend_wait_s
         while True:
             try:
-                lease = await asyncio.to_thread(self.balancer.acquire, self.job_id)
+                lease = await self._blocking(self.balancer.acquire, self.job_id)
             except NoBackendAvailable:
                 if time.monotonic() >= deadline:
                     raise
@@ -269,7 +277,7 @@ class LLMSession:
     async def close(self) -> None:
         """Release the job's backend slot (idempotent)."""
         self.drop_ahead()
-        await asyncio.to_thread(self.balancer.release, self.job_id)
+        await self._blocking(self.balancer.release, self.job_id)
 
 
 #: how often a turn that found no healthy backend asks the balancer again (``backend_wait_s``).

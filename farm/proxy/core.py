@@ -49,7 +49,7 @@ T = TypeVar("T")
 
 #: token ids of recent calls kept in memory per process (int32: 4 bytes each).
 CACHE_TOKENS = 8_000_000
-#: threads for the database and the template (asyncio's default pool has cpu + 4: calls would queue).
+#: threads for the database, the template and the balancer (asyncio's default pool has cpu + 4: calls would queue).
 WORK_THREADS = 64
 #: how long a process trusts a key it has checked (an ended trial is still refused: the call's
 #: own transaction checks that under the trial's lock).
@@ -293,7 +293,11 @@ class ProxyCore:
                 raise InvalidSpec("messages must not be empty", field="messages")
             _check_tool_choice(request)
         llm = LLMSession(
-            balancer=self.balancer, job_id=trial_balancer_key(trial.id), clients=self.clients, honour_reject=True
+            balancer=self.balancer,
+            job_id=trial_balancer_key(trial.id),
+            clients=self.clients,
+            honour_reject=True,
+            executor=self._pool,
         )
         llm.acquire_ahead()  # the balancer's round trip overlaps the prompt's preparation
         prepared: _Prepared
