@@ -197,7 +197,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
             conn.reset()
             conn.active = True
             assert conn.transport is not None
-            conn.transport.write(_head(request, body) + body)
+            try:
+                conn.transport.write(_head(request, body) + body)
+            except (OSError, RuntimeError) as exc:  # a transport that closed under us (uvloop raises)
+                raise httpx.WriteError(str(exc) or type(exc).__name__, request=request) from exc
             read_s = timeouts.get("read")
             while not conn.headers_done:
                 if conn.error is not None:
@@ -223,7 +226,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
         now = time.monotonic()
         while idle:
             conn = idle.pop()
-            if not conn.closed and conn.loop is loop and now - conn.idle_since < self._expiry:
+            usable = not conn.closed and conn.transport is not None and not conn.transport.is_closing()
+            if usable and conn.loop is loop and now - conn.idle_since < self._expiry:
                 return conn
             conn.close()
         conn = _Connection(origin)

@@ -85,20 +85,40 @@ def test_a_connection_is_reused_and_the_body_and_headers_arrive_whole() -> None:
     asyncio.run(scenario())
 
 
+async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A stream as a generation's: an event every 5 ms, for longer than any test reads it."""
+    await read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    for i in range(1000):
+        line = b"data: %d\n\n" % i
+        writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+        await writer.drain()
+        await asyncio.sleep(0.005)
+
+
+def test_on_uvloop_too_a_connection_is_reused_and_an_unread_stream_closes_it() -> None:
+    """The proxy and the API run on uvloop, whose transports are not asyncio's."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> None:
+        async with serving(keep_alive) as (server, client):
+            for i in range(2):
+                assert (await client.post("/", json={"i": i})).json() == {"echo": {"i": i}}
+            assert server.connections == 1
+        async with serving(endless) as (server, client):
+            async with client.stream("POST", "/", json={}) as resp:
+                async for _ in resp.aiter_bytes():
+                    break  # closed before its end
+            await asyncio.wait_for(server.closed.wait(), 2)
+
+    uvloop.run(scenario())
+
+
 def test_a_stream_closed_before_its_end_closes_its_connection() -> None:
     """Closing a stream early is how a generation is aborted: the server must see the close."""
 
-    async def chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-        for i in range(1000):
-            line = b"data: %d\n\n" % i
-            writer.write(b"%x\r\n%s\r\n" % (len(line), line))
-            await writer.drain()
-            await asyncio.sleep(0.005)
-
     async def scenario() -> None:
-        async with serving(chunked) as (server, client):
+        async with serving(endless) as (server, client):
             async with client.stream("POST", "/s", json={}) as resp:
                 lines = []
                 async for line in resp.aiter_lines():
