@@ -71,7 +71,8 @@ def test_a_group_prepares_once_per_node_and_each_sample_works_in_its_own_copy(
     assert all(r.job.state is JobState.DONE for r in results), [r.job.reason for r in results]
     prepared = []
     for r in results:
-        assert r.trajectory is not None and r.trajectory.reward == 1.0, (r.job.outcome, r.trajectory.info)
+        assert r.trajectory is not None, r.job.outcome
+        assert r.trajectory.reward == 1.0, (r.job.outcome, r.trajectory.info)
         prepared.append(r.trajectory.info["prepared"])
         text = tiny_tokenizer.decode(r.trajectory.token_ids)
         # The setup's file, with this sample's own edit and no other's.

@@ -99,4 +99,6 @@ def test_a_binary_pages_raw_array_is_array_like():
     assert view.tolist() == [3, -1, 7] and view.dtype == np.int32 and not view.flags.writeable
     assert np.array(raw).flags.writeable  # np.array copies, as for any array-like
     assert np.asarray(raw, dtype=np.int64).dtype == np.int64
-    assert np.asarray(RawArray(dtype="float32", data=memoryview(np.float32([0.5]).tobytes()))).tolist() == [0.5]
+    assert np.asarray(
+        RawArray(dtype="float32", data=memoryview(np.array([0.5], dtype=np.float32).tobytes()))
+    ).tolist() == [0.5]

@@ -213,7 +213,7 @@ def test_builtin_top_logprobs_are_the_models_k_most_likely(builtin_server, tiny_
             if not stream:
                 return await client.generate(request)
             items = [item async for item in client.generate_stream(request)]
-            assert [m for d in items[:-1] for m in d.top_logprobs] == items[-1].top_logprobs
+            assert [m for d in items[:-1] for m in d.top_logprobs or []] == items[-1].top_logprobs
             return items[-1]
 
     result = run(go())

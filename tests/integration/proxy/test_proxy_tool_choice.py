@@ -13,6 +13,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from tests.integration.proxy.conftest import BASH_TOOL, FINAL_TEXT, NAMED_WORD, REQUIRED_WORD, UNMET_WORD
 
@@ -51,6 +52,7 @@ def test_proxy_required_tool_choice_forces_a_call_recorded_as_prompt(
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls or []
+    assert isinstance(call, ChatCompletionMessageFunctionToolCall)
     assert call.function.name == "bash" and json.loads(call.function.arguments) == {"command": "ls -la"}
     # And the record has the opening as prompt ids, masked 0, and the certificate says why
     (entry,) = _record(api, trial["id"])["certificate"]

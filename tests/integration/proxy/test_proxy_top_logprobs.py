@@ -137,10 +137,10 @@ def test_responses_top_logprobs_whole_and_streamed(new_trial: Any, api: httpx.Cl
     assert sum(1 for e in deltas if e.logprobs) > 1
     # The answer runs into max_output_tokens: the last event is response.incomplete, with the response.
     final = events[-1].response  # type: ignore[union-attr]
-    streamed = final.output[0].content[0]  # type: ignore[union-attr]
+    streamed: Any = final.output[0].content[0]  # type: ignore[union-attr,index]
     assert streamed.logprobs is not None
     _check(streamed.logprobs, 4, api, other["id"], teacher)
     assert [len(e.logprobs) for e in done] == [len(streamed.logprobs)]
     # Without the include, no logprobs are computed or sent.
     plain = client.responses.create(model="farm-tiny", input="x", top_logprobs=4, max_output_tokens=4)
-    assert plain.output[0].content[0].logprobs is None  # type: ignore[union-attr]
+    assert plain.output[0].content[0].logprobs is None  # type: ignore[union-attr,index]

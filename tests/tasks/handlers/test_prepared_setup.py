@@ -63,7 +63,8 @@ def test_swe_setup_runs_once_and_every_sample_starts_from_its_own_copy(
         assert "stamp" in seen and "lines=2" in seen, seen  # the setup's file, and no other sample's edit
         patch = sample.init_state["patch"]
         assert "semver/version.py" in patch and "build/" not in patch  # the setup's products are not the agent's
-        assert sample.eval is not None and sample.eval.reward == 1.0, sample.eval.info
+        assert sample.eval is not None
+        assert sample.eval.reward == 1.0, sample.eval.info
         assert not any(p.startswith("build/") for p in sample.eval.info["swe"]["restored"])
     # EVAL scored on the prepared workspace, which no agent touched.
     (prepared,) = _prepared_dirs(sandboxes)
@@ -137,7 +138,8 @@ def test_harbor_setup_is_prepared_once_and_seen_by_every_sample(
     for sample in samples:
         assert sample.run.outcome is Outcome.OK
         assert "from-setup" in tiny_tokenizer.decode(sample.llm.prompts[1])
-        assert sample.eval is not None and sample.eval.reward == 1.0, sample.eval.info
+        assert sample.eval is not None
+        assert sample.eval.reward == 1.0, sample.eval.info
     # A different setup is a different starting point.
     other = run_stages(
         get_handler("harbor"),
