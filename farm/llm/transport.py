@@ -15,6 +15,7 @@ close is what aborts a generation on vLLM and the built-in backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.request
 from collections import deque
@@ -136,7 +137,10 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
-            self.transport.close()
+            # A connection left from an event loop that has ended cannot be closed through it (its
+            # socket goes with the transport).
+            with contextlib.suppress(RuntimeError):
+                self.transport.close()
 
 
 def _expire(waiter: asyncio.Future[None]) -> None:
