@@ -96,6 +96,12 @@ async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         await asyncio.sleep(0.005)
 
 
+async def unanswered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Reads the request and answers nothing until the client closes (at most 5 s)."""
+    await read_request(reader)
+    await asyncio.wait_for(reader.read(1), 5)  # b"" once the client closes
+
+
 def test_on_uvloop_too_a_connection_is_reused_and_an_unread_stream_closes_it() -> None:
     """The proxy and the API run on uvloop, whose transports are not asyncio's."""
     uvloop = pytest.importorskip("uvloop")
@@ -234,12 +240,8 @@ def test_malformed_http_is_a_protocol_error() -> None:
 
 
 def test_a_slow_server_is_a_read_timeout_and_its_connection_is_dropped() -> None:
-    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        await asyncio.wait_for(reader.read(1), 5)  # b"" once the client closes
-
     async def scenario() -> None:
-        async with serving(slow) as (server, client):
+        async with serving(unanswered) as (server, client):
             with pytest.raises(httpx.ReadTimeout):
                 await client.get("/", timeout=httpx.Timeout(2.0, read=0.1))
             await asyncio.wait_for(server.closed.wait(), 2)
@@ -292,12 +294,8 @@ def test_requests_beyond_max_connections_wait_for_a_free_one_or_time_out() -> No
 
 
 def test_a_cancelled_request_frees_its_slot_and_drops_its_connection() -> None:
-    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        await asyncio.sleep(5)
-
     async def scenario() -> None:
-        async with serving(slow) as (server, client):
+        async with serving(unanswered) as (server, client):
             for _ in range(3):  # more than max_connections: each cancel gave its slot back
                 task = asyncio.ensure_future(client.get("/"))
                 await asyncio.sleep(0.05)
