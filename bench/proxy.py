@@ -5,15 +5,17 @@
 A farm (API, a ``farm proxy`` process, the built-in backend on the tiny model; no workers) on a
 fresh PostgreSQL database. Each round runs ``--trials`` concurrent trials of ``--turns`` turns
 through the proxy's Chat Completions route (each turn: the history, the reply, a new user message),
-with a plain httpx client on the transport the direct side's client uses (the openai SDK adds ~35 ms of its own per call
-here, which is the harness's cost, not the proxy's: ``ttft_sdk_ms`` shows it), then
+with a plain httpx client on the transport the direct side's client uses (the openai SDK adds
+~35 ms of its own per call here, which is the harness's cost, not the proxy's: ``ttft_sdk_ms``
+shows it), then
 replays every call's exact prompt ids straight to the backend (``/v1/completions``, the same seed,
 so the same tokens are sampled), turn by turn, ``--trials`` at a time. Proxy and direct rounds
 alternate, so drift in the machine's speed hits both. Per-request p50 and p99 of each over all
 rounds; ``overhead_ratio`` is the median over rounds of a round's proxy p50 over its direct p50
 (target: at most 1.10, or 2 ms more): one round is ~4 s, and this machine's speed drifts between them.
-With the tiny model on a CPU, the backend's work per call is about the proxy's own (~6 ms of CPU),
-and on a small machine they share the cores: the default ratio measures that contention.
+With the tiny model on a CPU, the backend's work per call (~9 ms of CPU) is not much more than the
+proxy's own (~4-5 ms), and on a small machine they share the cores: the default ratio measures
+that contention.
 ``--step-ms 25`` gives the backend a served model's pace (each decode step lasts 25 ms, waited, not
 computed): the proxy's overhead as a node with a GPU backend sees it. ``--pin`` (Linux) keeps the
 tiny model's pace but gives the backend a core of its own (every other process of the farm, the
