@@ -16,12 +16,8 @@ from farm.llm.transport import LeanTransport, usable
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-def ok(body: bytes = b'{"ok": true}', *, extra: bytes = b"") -> bytes:
-    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s" % (
-        len(body),
-        extra,
-        body,
-    )
+def ok(body: bytes = b'{"ok": true}') -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
 
 
 async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
