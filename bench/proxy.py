@@ -124,7 +124,7 @@ async def proxy_round(
             ]
 
     # Every trial exists before the first call, so the calls start together as the direct side's do
-    # (trials created on the way stagger them: the backend then batches less and the bench measured that).
+    # (trials created along the way staggered them by the API's time per trial).
     made = [(await api.post("/v1/trials", json={"sampling": {"seed": i}})).json() for i in range(trials)]
     ids = [m["id"] for m in made]
     async with http:

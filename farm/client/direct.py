@@ -132,6 +132,12 @@ class _Exchange(httpx.SyncByteStream):
             conn.close()
 
 
+def plain_http(url: httpx.URL) -> bool:
+    """Plain http that httpx would send straight to the server: no proxy from the environment
+    (httpx honours ``HTTP_PROXY``/``ALL_PROXY``; a path of its own that does not steps aside)."""
+    return url.scheme == "http" and not ({"http", "all"} & urllib.request.getproxies().keys())
+
+
 class DirectPages:
     """Sends results page requests with ``http.client``, keeping connections alive between them
     (one per page in flight: ``FarmClient.results`` reads pages ahead in threads)."""
@@ -143,11 +149,9 @@ class DirectPages:
 
     @staticmethod
     def usable(base_url: httpx.URL, *, transport: object) -> bool:
-        """Whether pages from ``base_url`` may go direct: plain http, no transport of the caller's
-        (a test's MockTransport, retries, a socket path) and no proxy from the environment (httpx
-        honours ``HTTP_PROXY``/``ALL_PROXY``; this path does not, so it steps aside)."""
-        proxies = urllib.request.getproxies()
-        return transport is None and base_url.scheme == "http" and not ({"http", "all"} & proxies.keys())
+        """Whether pages from ``base_url`` may go direct: no transport of the caller's (a test's
+        MockTransport, retries, a socket path) and ``plain_http``."""
+        return transport is None and plain_http(base_url)
 
     def send(
         self, request: httpx.Request, body_buffer: Callable[[httpx.Response], npt.NDArray[np.uint8] | None]

@@ -17,20 +17,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import urllib.request
 from collections import deque
 from collections.abc import AsyncIterator
 
 import httptools
 import httpx
 
+from farm.client.direct import plain_http
+
 #: a connection pauses reading while this much of a body waits unread (a consumer slower than the server).
 READ_BUFFER_BYTES = 1 << 20
 
 
 def usable(url: str) -> bool:
-    """Plain http with no proxy from the environment (httpx honours ``HTTP_PROXY``/``ALL_PROXY``)."""
-    return httpx.URL(url).scheme == "http" and not ({"http", "all"} & urllib.request.getproxies().keys())
+    """Plain http with no proxy from the environment (``farm.client.direct.plain_http``)."""
+    return plain_http(httpx.URL(url))
 
 
 class _Connection(asyncio.Protocol):
