@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import service_missing
@@ -17,8 +19,11 @@ def chromium() -> str:
     return path
 
 
-def browse(url: str, *, screenshot: Path) -> str:
-    """The page's DOM once its scripts ran (virtual time lets its AJAX tables fill), and a screenshot."""
+def browse(url: str, *, screenshot: Path, until: Callable[[str], bool] | None = None, timeout_s: float = 60) -> str:
+    """The page's DOM once its scripts ran (virtual time lets its AJAX tables fill), and a screenshot.
+
+    With `until`, the DOM is dumped again until it holds: on a loaded machine the virtual-time budget
+    can run out before a page's AJAX answer arrives, which leaves a table empty for that one dump."""
     common = [
         chromium(),
         "--headless",
@@ -32,7 +37,12 @@ def browse(url: str, *, screenshot: Path) -> str:
         "--virtual-time-budget=8000",
         "--window-size=1400,900",
     ]
-    dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=90, check=True)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=90, check=True)
+        if until is None or until(dom.stdout) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     subprocess.run([*common, f"--screenshot={screenshot}", url], capture_output=True, timeout=90, check=True)
     assert screenshot.stat().st_size > 10_000, "the screenshot is blank"
     return dom.stdout

@@ -57,11 +57,19 @@ def test_flower_shows_the_pools_the_stage_tasks_and_the_queues(flower_stack: Emb
 
     wait_until(saw_a_batch, timeout_s=90, what="Flower to see a batch's stage tasks")
 
-    workers = browse(f"{flower}/workers", screenshot=tmp_path / "workers.png")
+    workers = browse(
+        f"{flower}/workers",
+        screenshot=tmp_path / "workers.png",
+        until=lambda dom: all(f"{pool}@{NODE}" in dom for pool in ("init", "run", "eval")),
+    )
     for pool in ("init", "run", "eval"):
         assert f"{pool}@{NODE}" in workers, f"no {pool} worker on the Workers page"
 
-    tasks = browse(f"{flower}/tasks", screenshot=tmp_path / "tasks.png")
+    tasks = browse(
+        f"{flower}/tasks",
+        screenshot=tmp_path / "tasks.png",
+        until=lambda dom: "farm.stage.init" in dom and "farm.stage.eval" in dom,
+    )
     assert "farm.stage.init" in tasks and "farm.stage.eval" in tasks
     # Each stage task shows its job (args) and its result names the task type and what happened.
     assert re.search(r"<td[^>]*>\[\d+\]</td>", tasks), "no job id in the task rows"
