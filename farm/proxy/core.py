@@ -492,7 +492,8 @@ class ProxyCore:
                         request.tools,
                         covered=parent.covered,
                         last_sampled_id=parent.last_sampled_id,
-                        ended_by_token=parent.finish_reason == "stop" and not parent.stop_string,
+                        # A reply with tool calls ended on the stop id as much as one with text did.
+                        ended_by_token=parent.finish_reason in ("stop", "tool_calls") and not parent.stop_string,
                     )
                 except TemplateFork as exc:
                     continuity.reason, continuity.diverged_at, continuity.compared_with = (

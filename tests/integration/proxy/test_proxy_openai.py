@@ -42,7 +42,9 @@ def _record(api: httpx.Client, trial_id: str) -> dict[str, Any]:
     return dict(resp.json())
 
 
-def test_proxy_tool_call_round_trip_extends_the_record(new_trial: Any, api: httpx.Client, teacher: Any) -> None:
+def test_proxy_tool_call_round_trip_extends_the_record(
+    new_trial: Any, api: httpx.Client, teacher: Any, tiny_tokenizer: Any
+) -> None:
     # Given a model (scripted) that answers with a tool call, then with text
     trial = new_trial()
     client = openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"])
@@ -70,6 +72,14 @@ def test_proxy_tool_call_round_trip_extends_the_record(new_trial: Any, api: http
     ids, mask, lps = segment["token_ids"], segment["loss_mask"], segment["logprobs"]
     recomputed = teacher(ids)
     assert all(abs(recomputed[i] - lps[i]) < 1e-4 for i, m in enumerate(mask) if m)
+    # And the stitched ids read as the template writes the whole conversation: the end of the turn
+    # the model sampled after its call is not written a second time.
+    whole = [*messages, {"role": "assistant", "content": FINAL_TEXT}]
+    for message in whole:
+        for tool_call in message.get("tool_calls") or []:
+            tool_call["function"]["arguments"] = json.loads(tool_call["function"]["arguments"])
+    rendered = tiny_tokenizer.apply_chat_template(whole, tools=[BASH_TOOL], tokenize=False)
+    assert rendered.startswith(tiny_tokenizer.decode(ids, skip_special_tokens=False))
 
 
 def test_proxy_stream_matches_the_record(new_trial: Any, api: httpx.Client) -> None:
