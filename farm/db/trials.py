@@ -124,7 +124,9 @@ class Parent:
     covered: int
     finish_reason: str | None
     last_sampled_id: int | None
-    stop_string: bool
+    #: its answer was cut before the model ended its turn (a stop string, or its first tool call
+    #: when parallel calls were refused): the end-of-turn marker is the template's to add.
+    cut: bool
     #: when the call began: with the seq, it names this call and no call of an earlier trial of
     #: the same id (a trial deleted and made again, or reset, numbers its calls from 0 again).
     started_at: datetime | None = None
@@ -168,7 +170,7 @@ def find_parent(conn: Connection, trial_id: str, message_hashes: Sequence[bytes]
         covered=row.hash_bytes // len(message_hashes[0]) + 1,
         finish_reason=row.finish_reason,
         last_sampled_id=int(np.frombuffer(sampled[-INT32.itemsize :], dtype=INT32)[0]) if sampled else None,
-        stop_string=bool((row.reply or {}).get("stop_string")),
+        cut=bool((row.reply or {}).get("stop_string") or (row.reply or {}).get("cut_after_call")),
         started_at=row.started_at,
     )
 

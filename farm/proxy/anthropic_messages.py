@@ -149,6 +149,13 @@ def parse(raw: Any) -> ChatRequest:
         tool_choice = choice["name"]
     else:
         raise ProxyError(400, "tool_choice.type must be auto, any, none or tool (with a name)", param="tool_choice")
+    one_call = choice.get("disable_parallel_tool_use", False)
+    if not isinstance(one_call, bool):
+        raise ProxyError(
+            400,
+            "tool_choice.disable_parallel_tool_use must be true or false",
+            param="tool_choice.disable_parallel_tool_use",
+        )
     return ChatRequest(
         model=body.model,
         messages=messages,
@@ -162,6 +169,7 @@ def parse(raw: Any) -> ChatRequest:
             stop=list(body.stop_sequences or []),
         ),
         stream=bool(body.stream),
+        parallel_tool_calls=not one_call,
     )
 
 

@@ -108,6 +108,9 @@ class ChatRequest(BaseModel):
     logprobs: bool = False
     #: with ``logprobs``: how many of the most likely tokens to list at each position (not recorded).
     top_logprobs: int = 0
+    #: False: the answer ends with its first tool call (OpenAI's ``parallel_tool_calls``, Anthropic's
+    #: ``disable_parallel_tool_use``); the generation is stopped there.
+    parallel_tool_calls: bool = True
 
 
 class CompletionRequest(BaseModel):
@@ -135,6 +138,9 @@ class Reply(BaseModel):
     finish_reason: Literal["stop", "length", "tool_calls"]
     #: the stop string that ended the turn, if one did.
     stop_string: str | None = None
+    #: the generation was stopped after its first tool call (``ChatRequest.parallel_tool_calls``):
+    #: the model did not end its turn itself.
+    cut_after_call: bool = False
 
     def message(self) -> Message:
         return Message(role="assistant", content=self.content, tool_calls=self.tool_calls)

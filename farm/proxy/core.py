@@ -320,6 +320,8 @@ class ProxyCore:
         decoder = TextDecoder(tokenizer, hidden_ids=stop_ids)
         stops = StopMatcher(request.sampling.stop)
         splitter = ToolCallSplitter(parse_calls=parse_calls)
+        one_call = parse_calls and isinstance(request, ChatRequest) and not request.parallel_tool_calls
+        cut_after_call = False
         content: list[str] = []
         calls: list[ToolCall] = []
         # The forced opening of a call is read first: the model's ids continue it.
@@ -343,12 +345,12 @@ class ProxyCore:
         recording = self._pool.submit(self._record_start, trial.id, prepared, wire, request.stream)
         started: _Started | None = None
         try:
-            # A streamed answer, or one a stop string may cut short (the rest is then aborted), is
-            # read from the backend as it is decoded; any other is asked for whole: one answer to
-            # parse instead of a chunk per token.
+            # A streamed answer, or one a stop string or its first tool call may cut short (the rest
+            # is then aborted), is read from the backend as it is decoded; any other is asked for
+            # whole: one answer to parse instead of a chunk per token.
             prompt_ids = prepared.prompt_ids.tolist()
             num_top = request.top_logprobs if request.logprobs else 0
-            if request.stream or request.sampling.stop:
+            if request.stream or request.sampling.stop or one_call:
                 stream = llm.generate_stream(prompt_ids, sampling, top_logprobs=num_top)
             else:
                 stream = _whole(llm, prompt_ids, sampling, num_top)
@@ -376,19 +378,27 @@ class ProxyCore:
                     if request.stream and request.logprobs:
                         yield _sampled(tokenizer, item)
                     text, stop_string = stops.push(decoder.push(item.token_ids))
-                    for event in self._pieces(splitter.push(text), content, calls, call_id_prefix):
+                    pieces = splitter.push(text)
+                    if one_call:
+                        pieces, cut_after_call = _through_first_call(pieces)
+                    for event in self._pieces(pieces, content, calls, call_id_prefix):
                         yielded = True
                         yield event
-                    if stop_string is not None:
+                    if stop_string is not None or cut_after_call:
                         break  # the rest of the answer is not wanted
             if started is None:
                 started = await asyncio.wrap_future(recording)
-            tail, hit = stops.push(decoder.flush(), final=stop_string is None)
-            stop_string = stop_string or hit
-            for event in self._pieces([*splitter.push(tail), *splitter.finish()], content, calls, call_id_prefix):
-                yielded = True
-                yield event
-            if stop_string is not None:
+            if cut_after_call:
+                # What was sampled past the call stays in the record (the next prompt continues from
+                # it); the harness is shown none of it.
+                stop_string = None
+            else:
+                tail, hit = stops.push(decoder.flush(), final=stop_string is None)
+                stop_string = stop_string or hit
+                for event in self._pieces([*splitter.push(tail), *splitter.finish()], content, calls, call_id_prefix):
+                    yielded = True
+                    yield event
+            if stop_string is not None or cut_after_call:
                 finish = FinishReason.STOP
                 backend_id = backend_id or llm.backend_id
             if finish is None:
@@ -398,6 +408,7 @@ class ProxyCore:
                 tool_calls=calls,
                 finish_reason="length" if finish is FinishReason.LENGTH else ("tool_calls" if calls else "stop"),
                 stop_string=stop_string,
+                cut_after_call=cut_after_call,
             )
             unmet = _unmet(request, calls, finish) if isinstance(request, ChatRequest) else None
             record = {
@@ -493,7 +504,7 @@ class ProxyCore:
                         covered=parent.covered,
                         last_sampled_id=parent.last_sampled_id,
                         # A reply with tool calls ended on the stop id as much as one with text did.
-                        ended_by_token=parent.finish_reason in ("stop", "tool_calls") and not parent.stop_string,
+                        ended_by_token=parent.finish_reason in ("stop", "tool_calls") and not parent.cut,
                     )
                 except TemplateFork as exc:
                     continuity.reason, continuity.diverged_at, continuity.compared_with = (
@@ -626,7 +637,7 @@ class ProxyCore:
                     covered=0,
                     finish_reason=end.finish_reason,
                     last_sampled_id=None,
-                    stop_string=end.stop_string is not None,
+                    cut=end.stop_string is not None,
                 )
                 if isinstance(given, str):
                     parent_ids = self._ids.get((trial.id, end.seq, end.started_at))
@@ -750,6 +761,14 @@ def _explain_new_segment(
         continuity.reason = (
             f"message {same} ({role}) differs from call {seq}'s history (edited, dropped, or another conversation)"
         )
+
+
+def _through_first_call(pieces: list[TextPiece | CallPiece]) -> tuple[list[TextPiece | CallPiece], bool]:
+    """The pieces up to and including the first call, and whether there was one."""
+    for i, piece in enumerate(pieces):
+        if isinstance(piece, CallPiece):
+            return pieces[: i + 1], True
+    return pieces, False
 
 
 def _check_tool_choice(request: ChatRequest) -> None:

@@ -66,6 +66,7 @@ class ChatCompletionBody(BaseModel):
     messages: list[_MessageIn] = Field(min_length=1)
     tools: list[_ToolIn] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = Field(default=None, strict=True)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -176,6 +177,7 @@ def parse(raw: Any) -> tuple[ChatRequest, bool]:
             seed=body.seed,
             stop=stop,
         ),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
         stream=bool(body.stream),
         logprobs=bool(body.logprobs),
         top_logprobs=top_logprobs,

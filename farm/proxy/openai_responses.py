@@ -43,6 +43,7 @@ class ResponsesBody(BaseModel):
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = Field(default=None, strict=True)
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -130,6 +131,7 @@ def parse(raw: Any) -> ChatRequest:
         tool_choice=choice,
         sampling=Sampling(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p),
         stream=bool(body.stream),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
         logprobs=INCLUDE_LOGPROBS in (body.include or []),
         top_logprobs=top_logprobs,
     )

@@ -98,7 +98,7 @@ def test_trials_a_call_that_extends_a_finished_one_finds_it_as_its_parent(engine
         covered=2,
         finish_reason="stop",
         last_sampled_id=9,
-        stop_string=False,
+        cut=False,
         started_at=parent.started_at,
     )
     assert _finish(engine, trial_id, second, parent, reply2)

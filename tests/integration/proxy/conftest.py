@@ -22,6 +22,12 @@ TOKEN = {"Authorization": "Bearer e2e-token"}
 TOOL_WORD = "TOOLTEST"
 TOOL_CALL_TEXT = 'Let me look.<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>'
 FINAL_TEXT = "There are two files."
+#: a prompt holding this word gets a reply with two tool calls, then a final answer.
+PARALLEL_WORD = "TWOCALLS"
+PARALLEL_TEXT = (
+    'Let me look.<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "bash", "arguments": {"command": "cat notes.txt"}}\n</tool_call>'
+)
 #: a prompt holding this word gets a long forced answer (seconds of decoding: time to kill a process).
 SLOW_WORD = "SLOWTEST"
 #: prompts for tool_choice tests: the scripted text continues the call opening the proxy forced.
@@ -31,6 +37,7 @@ UNMET_WORD = "CHOICEUNMET"  # not a call: the choice is unmet
 RULES = {
     "rules": [
         {"match": TOOL_WORD, "turns": [TOOL_CALL_TEXT, FINAL_TEXT]},
+        {"match": PARALLEL_WORD, "turns": [PARALLEL_TEXT, FINAL_TEXT]},
         {"match": REQUIRED_WORD, "turns": ['bash", "arguments": {"command": "ls -la"}}\n</tool_call>', FINAL_TEXT]},
         {"match": NAMED_WORD, "turns": [' {"command": "pwd"}}\n</tool_call>', FINAL_TEXT]},
         {"match": UNMET_WORD, "turns": ["I would rather talk.", FINAL_TEXT]},
