@@ -122,11 +122,7 @@ class Parent:
     seq: int
     segment: int
     covered: int
-    finish_reason: str | None
     last_sampled_id: int | None
-    #: its answer was cut before the model ended its turn (a stop string, or its first tool call
-    #: when parallel calls were refused): the end-of-turn marker is the template's to add.
-    cut: bool
     #: when the call began: with the seq, it names this call and no call of an earlier trial of
     #: the same id (a trial deleted and made again, or reset, numbers its calls from 0 again).
     started_at: datetime | None = None
@@ -140,9 +136,10 @@ _PARENT = (
         CALLS.c.seq,
         CALLS.c.segment,
         func.length(CALLS.c.message_hashes).label("hash_bytes"),
-        CALLS.c.finish_reason,
-        CALLS.c.sampled_ids,
-        CALLS.c.reply,
+        # Only the last sampled id (an answer may be thousands of ids).
+        func.substr(CALLS.c.sampled_ids, func.length(CALLS.c.sampled_ids) - (INT32.itemsize - 1), INT32.itemsize).label(
+            "last_sampled"
+        ),
         CALLS.c.started_at,
     )
     .where(
@@ -163,14 +160,12 @@ def find_parent(conn: Connection, trial_id: str, message_hashes: Sequence[bytes]
     row = conn.execute(_PARENT, {"trial_id": trial_id, "hashes": list(message_hashes[:-1])}).one_or_none()
     if row is None:
         return None
-    sampled = bytes(row.sampled_ids)
+    last = bytes(row.last_sampled or b"")
     return Parent(
         seq=row.seq,
         segment=row.segment,
         covered=row.hash_bytes // len(message_hashes[0]) + 1,
-        finish_reason=row.finish_reason,
-        last_sampled_id=int(np.frombuffer(sampled[-INT32.itemsize :], dtype=INT32)[0]) if sampled else None,
-        cut=bool((row.reply or {}).get("stop_string") or (row.reply or {}).get("cut_after_call")),
+        last_sampled_id=int(np.frombuffer(last, dtype=INT32)[0]) if len(last) == INT32.itemsize else None,
         started_at=row.started_at,
     )
 
@@ -459,7 +454,13 @@ def finish_call(
     if branch is None or branch.sibling is None:
         return False  # no longer pending
     segment = conn.execute(_NEW_SEGMENT, {"_trial_id": trial_id}).scalar_one()
-    entry = {**(continuity or branch.continuity), "branch": True, "sibling": branch.sibling}
+    entry = {
+        **(continuity or branch.continuity),
+        "branch": True,
+        "sibling": branch.sibling,
+        "reason": f"call {branch.sibling} already continued call {parent_seq}'s history in its segment "
+        "(a retry, or another sample of the same request): this call branches off",
+    }
     conn.execute(_FINISH_BRANCH, {**call, **finished, "segment": segment, "continuity": entry})
     return True
 

@@ -81,6 +81,10 @@ class Renderer:
     def __init__(self, tokenizer: ChatTokenizer, *, template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.template_kwargs = template_kwargs or {}
+        special = set(getattr(tokenizer, "all_special_ids", None) or [])
+        eos = getattr(tokenizer, "eos_token_id", None)
+        #: ids a template writes as markers (the end of a turn...), never as text.
+        self.special_ids = frozenset(special | ({eos} if eos is not None else set()))
 
     def render(self, messages: Sequence[Message], tools: Sequence[Tool], *, generation_prompt: bool) -> str:
         text = self.tokenizer.apply_chat_template(
@@ -106,13 +110,14 @@ class Renderer:
         *,
         covered: int,
         last_sampled_id: int | None,
-        ended_by_token: bool,
     ) -> list[int]:
         """Ids to append to the parent's ids (its prompt + sampled ids) for ``messages``.
 
         ``messages[:covered]`` is the parent's request plus its reply (``messages[covered - 1]``).
-        ``ended_by_token``: the parent's generation ended on a stop id it sampled (``last_sampled_id``),
-        which the template also writes as the end of the turn: then that marker is not added twice.
+        When the last id the parent sampled is a special token the template writes right after a
+        reply (the end of the turn), it is not added twice. That holds however the answer ended:
+        by that stop id, or cut by a stop string or after its first tool call in the same chunk of
+        the stream that carried the stop id (the record keeps every id sampled).
 
         Raises:
             TemplateFork: the template renders the earlier turns differently once more is added.
@@ -124,7 +129,7 @@ class Renderer:
         if not probe.startswith(prompted) or at < 0:
             raise TemplateFork("the template renders the earlier turns differently once a reply follows them")
         after_reply = probe[at + len(SENTINEL) :]
-        if ended_by_token and last_sampled_id is not None:
+        if last_sampled_id in self.special_ids:
             marker = self.tokenizer.decode([last_sampled_id], skip_special_tokens=False)
             if marker and after_reply.startswith(marker):
                 after_reply = after_reply[len(marker) :]

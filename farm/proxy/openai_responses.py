@@ -78,8 +78,10 @@ def parse(raw: Any) -> ChatRequest:
             if role not in ("system", "user", "assistant"):
                 raise ProxyError(400, f"{where}.role must be system, developer, user or assistant", param=where)
             text = text_of(item.get("content"), where=f"{where}.content")
-            if role == "assistant" and messages and messages[-1].role == "assistant" and not messages[-1].content:
-                messages[-1] = messages[-1].model_copy(update={"content": text})
+            if role == "assistant" and messages and messages[-1].role == "assistant":
+                # One response's items are one turn: a streamed answer gives the text the model
+                # wrote after a call as a message item of its own, which joins the turn's text.
+                messages[-1] = messages[-1].model_copy(update={"content": messages[-1].content + text})
             else:
                 messages.append(Message(role=role, content=text))
         elif kind == "function_call":

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.proxy.conftest import FINAL_TEXT, TOOL_WORD
+from tests.integration.proxy.conftest import FINAL_TEXT, PARALLEL_WORD, TOOL_WORD
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +46,29 @@ def test_responses_stream_events_end_in_the_recorded_reply(new_trial: Any, api: 
     assert "response.function_call_arguments.done" in kinds
     calls = api.get(f"/v1/trials/{trial['id']}/calls").json()
     assert final.output[-1].call_id == calls[-1]["reply"]["tool_calls"][0]["id"]  # type: ignore[union-attr]
+
+
+def test_responses_streamed_items_sent_back_extend_the_record(new_trial: Any, api: httpx.Client) -> None:
+    # Given a streamed answer whose text continues after a call (the "\n" between two calls): the
+    # stream gives that text as a message item of its own, between the function calls
+    trial = new_trial()
+    client = openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"])
+    items: list[Any] = [{"role": "user", "content": f"{PARALLEL_WORD}: look around"}]
+    with client.responses.stream(model="farm-tiny", input=items, tools=[BASH]) as stream:
+        for _ in stream:
+            pass
+        first = stream.get_final_response()
+    assert [item.type for item in first.output] == ["message", "function_call", "message", "function_call"]
+    # When the harness sends every item back with the calls' outputs
+    items += [item.model_dump(exclude_none=True) for item in first.output]
+    for item in first.output:
+        if item.type == "function_call":
+            items.append({"type": "function_call_output", "call_id": item.call_id, "output": "ok"})
+    second = client.responses.create(model="farm-tiny", input=items, tools=[BASH])
+    assert second.output_text == FINAL_TEXT
+    # Then the items are one turn, the reply the model wrote: the second call extends the first
+    record = api.get(f"/v1/trials/{trial['id']}/record").json()
+    assert [c["extends"] for c in record["certificate"]] == [None, 0]
 
 
 def test_responses_refuses_what_it_cannot_honour(new_trial: Any) -> None:

@@ -55,7 +55,7 @@ def test_follow_up_extends_prompt_forced_and_sampled_ids_exactly(tiny_tokenizer:
     # When the harness sends the call back with the tool's result
     reply = Message(role="assistant", tool_calls=[ToolCall(id="c1", name="bash", arguments='{"command": "ls"}')])
     history = [*HISTORY, reply, Message(role="tool", content="a.txt", tool_call_id="c1", name="bash")]
-    delta = renderer.delta(history, TOOLS, covered=3, last_sampled_id=sampled[-1], ended_by_token=True)
+    delta = renderer.delta(history, TOOLS, covered=3, last_sampled_id=sampled[-1])
     # Then the stitched ids are the template's rendering of the whole history: nothing drifted
     assert _text(tiny_tokenizer, prompt + sampled + delta) == renderer.render(history, TOOLS, generation_prompt=True)
 

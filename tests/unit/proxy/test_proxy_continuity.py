@@ -17,7 +17,7 @@ def test_delta_is_what_the_template_adds_after_the_sampled_reply(tiny_tokenizer:
     reply_text = "hello there"
     sampled = tiny_tokenizer.encode(reply_text, add_special_tokens=False) + [tiny_tokenizer.eos_token_id]
     history = [*first, Message(role="assistant", content=reply_text), Message(role="user", content="more")]
-    delta = renderer.delta(history, [], covered=3, last_sampled_id=sampled[-1], ended_by_token=True)
+    delta = renderer.delta(history, [], covered=3, last_sampled_id=sampled[-1])
     # The whole is the template's rendering of the history, as ids: nothing drifted.
     assert tiny_tokenizer.decode(prompt + sampled + delta) == renderer.render(history, [], generation_prompt=True)
 
@@ -27,7 +27,7 @@ def test_delta_adds_the_end_marker_when_the_model_did_not_write_it(tiny_tokenize
     first = [Message(role="user", content="hi")]
     sampled = tiny_tokenizer.encode("cut sho", add_special_tokens=False)  # ran out of max_tokens
     history = [*first, Message(role="assistant", content="cut sho"), Message(role="user", content="go on")]
-    delta = renderer.delta(history, [], covered=2, last_sampled_id=sampled[-1], ended_by_token=False)
+    delta = renderer.delta(history, [], covered=2, last_sampled_id=sampled[-1])
     assert tiny_tokenizer.decode(delta).startswith("<|im_end|>")
 
 
@@ -57,7 +57,7 @@ def test_a_template_that_rewrites_earlier_turns_forks(tiny_tokenizer: Any) -> No
         Message(role="user", content="c"),
     ]
     with pytest.raises(TemplateFork, match="differently once the new messages follow"):
-        renderer.delta(history, [], covered=2, last_sampled_id=None, ended_by_token=False)
+        renderer.delta(history, [], covered=2, last_sampled_id=None)
 
 
 def test_hash_chain_tolerates_how_a_harness_echoes_a_reply() -> None:
@@ -69,3 +69,17 @@ def test_hash_chain_tolerates_how_a_harness_echoes_a_reply() -> None:
     # ...but not an edited user message, nor other tools
     assert chain(tools, [user])[-1] != chain(tools, [Message(role="user", content="x ")])[-1]
     assert chain(tools, [user])[-1] != chain([], [user])[-1]
+
+
+def test_delta_does_not_repeat_the_end_marker_a_cut_answer_sampled(tiny_tokenizer: Any) -> None:
+    # A stop string cut the answer, and the chunk of the stream that held it also held the stop id
+    # (SGLang streams an answer as one chunk): the record keeps the stop id, so the template's end
+    # of the turn is not added again.
+    renderer = Renderer(tiny_tokenizer)
+    first = [Message(role="user", content="hi")]
+    prompt = renderer.fresh(first, [])
+    sampled = tiny_tokenizer.encode("Hello there, friend.", add_special_tokens=False) + [tiny_tokenizer.eos_token_id]
+    history = [*first, Message(role="assistant", content="Hello there, "), Message(role="user", content="next")]
+    delta = renderer.delta(history, [], covered=2, last_sampled_id=sampled[-1])
+    stitched = tiny_tokenizer.decode(prompt + sampled + delta)
+    assert "friend.<|im_end|>\n<|im_start|>user\nnext<|im_end|>" in stitched
