@@ -299,19 +299,19 @@ class ProxyCore:
             honour_reject=True,
             executor=self._pool,
         )
-        llm.acquire_ahead()  # the balancer's round trip overlaps the prompt's preparation
         prepared: _Prepared
         try:
+            # The call's backend is found on the thread that prepares its prompt, just before.
             if isinstance(request, CompletionRequest):
-                prepared = await self._in_thread(self._prepare_completion, trial, request, wire)
+                prepared = await self._in_thread(_leased, llm, self._prepare_completion, trial, request, wire)
                 parse_calls = False
             else:
                 messages = _with_tool_names(request.messages)
                 hashes = chain(request.tools, messages)
-                prepared = await self._in_thread(self._prepare, trial, messages, request, hashes)
+                prepared = await self._in_thread(_leased, llm, self._prepare, trial, messages, request, hashes)
                 parse_calls = bool(request.tools) and request.tool_choice != "none"
         except BaseException:
-            llm.drop_ahead()
+            llm.drop_found()
             raise
         tokenizer = renderer.tokenizer
         stop_ids = set(sampling.stop_token_ids)
@@ -429,8 +429,12 @@ class ProxyCore:
             done = started
             await self._in_thread(lambda: self._finish(trial.id, done, reply=reply, end=end, **record))
         except BaseException as exc:
-            llm.drop_ahead()
+            llm.drop_found()
             await asyncio.shield(self._fail_recorded(trial.id, recording, exc, yielded and request.stream))
+            if isinstance(exc, (trials.TrialEnded, trials.TrialNotFound)):
+                # The trial's end gave its backend slot back; this call took it again on its way.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(llm.close())
             raise
         texts: list[str] = []
         top_texts: list[list[tuple[str, float]]] = []
@@ -503,8 +507,6 @@ class ProxyCore:
                         request.tools,
                         covered=parent.covered,
                         last_sampled_id=parent.last_sampled_id,
-                        # A reply with tool calls ended on the stop id as much as one with text did.
-                        ended_by_token=parent.finish_reason in ("stop", "tool_calls") and not parent.cut,
                     )
                 except TemplateFork as exc:
                     continuity.reason, continuity.diverged_at, continuity.compared_with = (
@@ -635,9 +637,7 @@ class ProxyCore:
                     seq=end.seq,
                     segment=end.segment,
                     covered=0,
-                    finish_reason=end.finish_reason,
                     last_sampled_id=None,
-                    cut=end.stop_string is not None,
                 )
                 if isinstance(given, str):
                     parent_ids = self._ids.get((trial.id, end.seq, end.started_at))
@@ -761,6 +761,12 @@ def _explain_new_segment(
         continuity.reason = (
             f"message {same} ({role}) differs from call {seq}'s history (edited, dropped, or another conversation)"
         )
+
+
+def _leased(llm: LLMSession, prepare: Callable[..., _Prepared], *args: Any) -> _Prepared:
+    """``prepare(*args)``, the call's backend found first on the same thread."""
+    llm.acquire_here()
+    return prepare(*args)
 
 
 def _through_first_call(pieces: list[TextPiece | CallPiece]) -> tuple[list[TextPiece | CallPiece], bool]:

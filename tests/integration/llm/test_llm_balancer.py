@@ -327,33 +327,31 @@ def test_session_reroutes_off_an_unreachable_backend_and_records_the_move(balanc
     assert inflight(balancer) == {"dead": 0, "live": 0}
 
 
-def test_session_acquired_ahead_serves_its_turn_and_a_dropped_failure_is_nobodys(balancer, builtin_server, caplog):
-    async def ahead_then_turn():
+def test_session_backend_found_on_the_callers_thread_serves_its_turn_and_a_failed_find_is_the_turns(
+    balancer, builtin_server
+):
+    async def found_then_turn():
         pool = ClientPool(connect_retries=0)
         try:
             async with LLMSession(balancer=balancer, job_id="job", clients=pool) as llm:
-                llm.acquire_ahead()
-                await asyncio.sleep(0.2)  # the lease is taken before the turn asks
-                assert balancer.assignment("job") == "b"
+                await asyncio.to_thread(llm.acquire_here)
+                assert balancer.assignment("job") == "b", "the slot is taken before the turn asks"
                 return await llm.generate([5, 6, 7])
         finally:
             await pool.aclose()
 
-    async def ahead_then_dropped():
+    async def not_found_then_turn():
         llm = LLMSession(balancer=balancer, job_id="other", clients=ClientPool())
-        llm.acquire_ahead()
-        await asyncio.sleep(0.2)  # it failed: no backend
-        llm.drop_ahead()
-        await asyncio.sleep(0)
+        llm.acquire_here()  # no backend: nothing is raised here, nothing is kept
+        with pytest.raises(NoBackendAvailable):
+            await llm.generate([5, 6, 7])
 
     balancer.add_backend(backend_id="b", url=builtin_server.url)
-    result = asyncio.run(ahead_then_turn())
+    result = asyncio.run(found_then_turn())
     assert result.backend_id == "b" and result.token_ids
     assert inflight(balancer) == {"b": 0}
     balancer.remove_backend("b")
-    asyncio.run(ahead_then_dropped())
-    gc.collect()
-    assert "never retrieved" not in caplog.text
+    asyncio.run(not_found_then_turn())
 
 
 def test_session_waits_for_a_backend_to_be_registered_again_then_gives_up_after_its_bound(balancer, builtin_server):

@@ -126,3 +126,26 @@ def test_proxy_retry_of_an_answered_call_is_a_branch(new_trial: Any, api: httpx.
     # The branch carries the history it shares with segment 0, masked: those tokens train once.
     assert branch["calls"] == [2]
     assert sum(branch["loss_mask"]) == calls[2]["completion_tokens"]
+
+
+def test_proxy_call_to_an_ended_trial_takes_no_backend_slot(
+    proxy_stack: EmbeddedStack, new_trial: Any, api: httpx.Client
+) -> None:
+    import redis
+
+    from farm.constants import llm_jobs_key, llm_leases_key, trial_balancer_key
+
+    trial = new_trial()
+    key = trial_balancer_key(trial["id"])
+    client = openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"], max_retries=0)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    store = redis.Redis.from_url(proxy_stack.settings.redis_url)
+    assert store.hget(llm_jobs_key(), key) is not None, "a trial holds its backend while it runs"
+    assert api.post(f"/v1/trials/{trial['id']}/end").status_code == 200
+    assert store.hget(llm_jobs_key(), key) is None
+    # The proxy still trusts the key it checked a moment ago: the call is refused by the record.
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}], max_tokens=2)
+    assert refused.value.status_code == 403
+    assert store.hget(llm_jobs_key(), key) is None and store.zscore(llm_leases_key(), key) is None
+    store.close()
