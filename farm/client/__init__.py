@@ -25,7 +25,7 @@ from farm.errors import (
     Unavailable,
     UpstreamError,
 )
-from farm.schemas import DynamicSampling, GroupResult, PassRateSkip, task_key
+from farm.schemas import DynamicSampling, GroupResult, JobResult, PassRateSkip, SamplingParams, task_key
 
 __all__ = [
     "ApiError",
@@ -36,8 +36,10 @@ __all__ = [
     "GroupResult",
     "HandlerNotFound",
     "InvalidSpec",
+    "JobResult",
     "NotFound",
     "PassRateSkip",
+    "SamplingParams",
     "TrajectoryArrays",
     "Unauthorized",
     "Unavailable",

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 import pydantic_core
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from farm.client.direct import DirectPages
 from farm.constants import BatchState
@@ -88,16 +88,26 @@ def _batch_body(
     on_stale: Literal["rerun", "mark"] = "rerun",
     dynamic: DynamicSampling | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    request = BatchCreate(
-        tasks=[t if isinstance(t, TaskSpec) else TaskSpec.model_validate(t) for t in tasks],
-        group_size=group_size,
-        sampling=sampling if isinstance(sampling, SamplingParams) else SamplingParams.model_validate(sampling or {}),
-        metadata=dict(metadata or {}),
-        max_staleness=max_staleness,
-        on_stale=on_stale,
-        dynamic=DynamicSampling.model_validate(dynamic) if dynamic is not None else None,
-    )
+    given = {
+        "tasks": list(tasks),
+        "group_size": group_size,
+        "sampling": sampling if sampling is not None else {},
+        "metadata": dict(metadata or {}),
+        "max_staleness": max_staleness,
+        "on_stale": on_stale,
+        "dynamic": dynamic,
+    }
+    try:
+        request = BatchCreate.model_validate(given)
+    except ValidationError as exc:
+        # The API's own answer to this batch, so one ``except ApiError`` (or InvalidSpec) serves both.
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or None
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise api_error(422, "invalid_request", f"{field}: {first['msg']}{more}", field) from None
     body = request.model_dump(mode="json", exclude_none=False)
+    # The sampling fields the trainer set, not the defaults: a harness job overrides only those.
+    body["sampling"] = request.sampling.model_dump(mode="json", exclude_unset=True)
     # Options left unset stay out of the body: one any farm version takes.
     if max_staleness is None:
         del body["max_staleness"], body["on_stale"]

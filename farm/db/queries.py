@@ -84,7 +84,8 @@ def create_batch(
         request_hash=digest,
         state=BatchState.RUNNING,
         group_size=n,
-        sampling=request.sampling.model_dump(mode="json"),
+        # What the trainer set, not the defaults: a harness job's trial overrides only those.
+        sampling=request.sampling.model_dump(mode="json", exclude_unset=True),
         meta=request.metadata,
         max_staleness=request.max_staleness,
         on_stale=request.on_stale if request.max_staleness is not None else None,
@@ -134,7 +135,8 @@ def _create_dynamic(
         request_hash=digest,
         state=BatchState.RUNNING,
         group_size=request.group_size,
-        sampling=request.sampling.model_dump(mode="json"),
+        # What the trainer set, not the defaults: a harness job's trial overrides only those.
+        sampling=request.sampling.model_dump(mode="json", exclude_unset=True),
         meta=request.metadata,
         max_staleness=request.max_staleness,
         on_stale=request.on_stale if request.max_staleness is not None else None,

@@ -78,8 +78,13 @@ class HarnessHandler(TaskHandler[HarnessConfig]):
             await asyncio.to_thread(ctx.sandboxes.destroy, state["sandbox"])
             state = {**state, **await self._new_sandbox(config, ctx)}
         sandbox = await asyncio.to_thread(ctx.sandboxes.attach, state["sandbox"])
+        # The trial overrides only what the trainer set (a default max_tokens would override the
+        # harness's own); a seed it set becomes this job's seed.
+        sampling = ctx.sampling.model_dump(exclude_unset=True)
+        if sampling.get("seed") is not None:
+            sampling["seed"] = ctx.seed
         trial = await asyncio.to_thread(
-            ctx.trials.open, job_id=ctx.job_id, attempt=ctx.attempt, sampling=ctx.sampling.model_dump()
+            ctx.trials.open, job_id=ctx.job_id, attempt=ctx.attempt, sampling=sampling
         )
         try:
             instruction = inner.messages(inner_config, state, [])[-1]["content"]

@@ -51,7 +51,28 @@ def test_submit_sends_bearer_token_body_and_idempotency_key():
         )
     assert created.id == 7 and created.job_ids == [1, 2]
     assert seen["auth"] == "Bearer t0k" and seen["key"] == "k1" and seen["path"] == "/v1/batches"
-    assert seen["body"]["group_size"] == 2 and seen["body"]["sampling"]["temperature"] == 0.5
+    assert seen["body"]["group_size"] == 2 and seen["body"]["sampling"] == {"temperature": 0.5}, "only what was set"
+
+
+@pytest.mark.parametrize(
+    ("tasks", "options", "field"),
+    [
+        ([], {}, "tasks"),
+        ([{"type": "echo"}], {"group_size": 0}, "group_size"),
+        ([{"type": "echo"}], {"sampling": {"temperature": -1}}, "sampling.temperature"),
+        ([{"typo": "echo"}], {}, "tasks.0.type"),
+    ],
+)
+def test_submit_refuses_a_bad_batch_as_the_api_would(tasks: Any, options: Any, field: str) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("a batch that cannot be valid is not sent")
+
+    with FarmClient("http://farm", token="t", transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(ApiError) as refused:
+            client.submit(tasks, **options)
+    assert isinstance(refused.value, InvalidSpec)
+    assert (refused.value.status, refused.value.code, refused.value.field) == (422, "invalid_request", field)
+    assert refused.value.detail.startswith(f"{field}: ")
 
 
 def test_error_answer_raises_api_error_with_code_and_detail():
@@ -109,12 +130,6 @@ def test_non_json_error_still_raises_api_error():
     with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(ApiError) as info:
         client.job(3)
     assert info.value.status == 502 and info.value.detail == "bad gateway"
-
-
-def test_invalid_spec_is_refused_before_sending():
-    transport = httpx.MockTransport(lambda r: pytest.fail("nothing should be sent"))
-    with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(ValueError):
-        client.submit([{"type": "echo"}], group_size=0)
 
 
 def _page(items: list[dict], cursor: int, remaining: int, state: str = "running", finished: int = 0) -> dict:

@@ -72,7 +72,7 @@ def test_harness_task_runs_an_external_harness_through_the_proxy(harness_stack: 
         "harness": {"preset": "command", "command": ["python3", "-c", HARNESS]},
     }
     with FarmClient(harness_stack.settings.api_url, token="e2e-token") as client:
-        batch = client.submit([{"type": "harness", "config": config}])
+        batch = client.submit([{"type": "harness", "config": config}], sampling={"temperature": 1.0})
         (result,) = list(client.results(batch.id, encoding="json"))
     job = result.job
     assert job.outcome == "ok", (job.reason, job)
@@ -87,6 +87,9 @@ def test_harness_task_runs_an_external_harness_through_the_proxy(harness_stack: 
     assert [c["extends"] for c in record["certificate"]] == [None, 0]
     assert record["segment_tokens"][0]["token_ids"] == traj.token_ids
     assert json.dumps(record["ended_at"]) != "null"
+    # The batch's sampling overrode what the trainer set and nothing else: the harness's max_tokens held.
+    assert record["sampling"] == {"temperature": 1.0}
+    assert all(c["completion_tokens"] <= 8 for c in record["certificate"])
 
 
 #: A harness that never finishes on its own: it calls the model again and again.
