@@ -43,13 +43,16 @@ class _FarmGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         import httpx
 
-        from farm.errors import ApiError
+        from farm.errors import ApiError, ConfigError
 
         try:
             return super().invoke(ctx)
         except ApiError as exc:
             console.print(f"[red]error ({exc.status} {exc.code}):[/] {exc.detail}", highlight=False)
             ctx.exit(2)
+        except ConfigError as exc:
+            console.print(f"[red]error:[/] {exc}", highlight=False)
+            ctx.exit(1)
         except httpx.TransportError as exc:
             url = str(exc.request.url.copy_with(path="/", query=None)) if _has_request(exc) else "the API"
             console.print(

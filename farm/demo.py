@@ -14,7 +14,7 @@ from rich.console import Console
 
 from farm.client import FarmClient
 from farm.config import Settings
-from farm.embedded import EmbeddedStack, token_file
+from farm.embedded import EmbeddedStack, token_hint
 from farm.progress import follow, summarize, summary_table
 
 #: per task type: its share of the batch and the episode budget the tiny model gets.
@@ -59,9 +59,7 @@ def run_demo(settings: Settings, *, num_tasks: int, group_size: int, console: Co
     try:
         s = stack.settings
         assert s.api.token is not None
-        console.print(
-            f"[green]stack up[/] in {time.monotonic() - started:.1f}s: API {s.api_url}, token in {token_file(s)}"
-        )
+        console.print(f"[green]stack up[/] in {time.monotonic() - started:.1f}s: API {s.api_url}, {token_hint(s)}")
         with FarmClient(s.api_url, token=s.api.token.get_secret_value()) as client:
             batch = client.submit(demo_tasks(num_tasks), group_size=group_size, sampling=DEMO_SAMPLING)
             console.print(f"batch {batch.id}: {len(batch.job_ids)} jobs on {s.api_url}")

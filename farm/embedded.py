@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -123,6 +124,7 @@ class EmbeddedStack:
 
     def start(self, report: Callable[[str], None] = lambda _: None) -> None:
         """``report`` hears each step as it begins (a user waiting on a cold start sees why)."""
+        self._check_ports()
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if not self.settings.redis.url:
@@ -168,6 +170,27 @@ class EmbeddedStack:
         except BaseException:
             self.stop()
             raise
+
+    def _check_ports(self) -> None:
+        """Raises ConfigError: a port the stack would listen on is taken. Found only later, the
+        service would exit while the readiness check got its answer from the other process."""
+        s = self.settings
+        wanted = [(s.api.host, s.api.port, "FARM_API__PORT")]
+        if self.serves_proxy:
+            wanted.append((s.proxy.host, s.proxy.port, "FARM_PROXY__PORT"))
+        if self.with_llm:
+            wanted.append((s.llm.builtin_host, s.llm.builtin_port, "FARM_LLM__BUILTIN_PORT"))
+        if self.with_flower:
+            wanted.append(("127.0.0.1", s.flower.port, "FARM_FLOWER__PORT"))
+        for host, port, variable in wanted:
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind((host, port))
+                except OSError as exc:
+                    raise ConfigError(
+                        f"{host}:{port} is taken ({exc.strerror}): stop what listens there or set {variable}"
+                    ) from exc
 
     def builtin_args(self) -> list[str]:
         """The ``farm`` arguments that start the built-in backend with the stack's settings."""

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from farm.config import Settings
@@ -62,3 +64,18 @@ def test_builtin_script_setting_reaches_the_backend_command(monkeypatch: pytest.
     args = EmbeddedStack(Settings(), with_flower=False).builtin_args()
     assert args[:3] == ["llm", "serve", str(tmp_path / "model")]
     assert args[args.index("--script") + 1] == str(tmp_path / "script.json")
+
+
+def test_the_stack_refuses_to_start_on_a_taken_port(tmp_path: Path) -> None:
+    import socket
+
+    from farm.errors import ConfigError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = Settings(data_dir=tmp_path, llm={"builtin_port": port})
+        with pytest.raises(ConfigError, match=f"127.0.0.1:{port} is taken.*FARM_LLM__BUILTIN_PORT"):
+            EmbeddedStack(settings, with_flower=False).start()
+    assert not (tmp_path / "logs").exists(), "nothing was started"
