@@ -244,6 +244,8 @@ class ProxyCore:
         """
         if not key:
             raise Unauthorized("no API key: send the trial's key as the API key (Authorization: Bearer or x-api-key)")
+        if "\x00" in trial_id:  # no trial has one (a database text cannot hold it)
+            raise Unauthorized(f"this key does not open trial {trial_id!r}")
 
         cached = self._keys.get((trial_id, key))
         if cached is not None and cached[0] > time.monotonic():

@@ -85,9 +85,9 @@ def parse(raw: Any) -> ChatRequest:
             else:
                 messages.append(Message(role=role, content=text))
         elif kind == "function_call":
-            call = ToolCall(
-                id=str(item.get("call_id")), name=str(item.get("name")), arguments=str(item.get("arguments") or "{}")
-            )
+            if not isinstance(item.get("name"), str) or not item["name"]:
+                raise ProxyError(400, f"{where}: a function_call needs its name", param=f"{where}.name")
+            call = ToolCall(id=_call_id(item, where), name=item["name"], arguments=str(item.get("arguments") or "{}"))
             # The model's calls of one turn, and its text before them, are one assistant message.
             if messages and messages[-1].role == "assistant":
                 last = messages[-1]
@@ -97,7 +97,7 @@ def parse(raw: Any) -> ChatRequest:
         elif kind == "function_call_output":
             output = item.get("output")
             text = output if isinstance(output, str) else text_of(output, where=f"{where}.output")
-            messages.append(Message(role="tool", content=text, tool_call_id=str(item.get("call_id"))))
+            messages.append(Message(role="tool", content=text, tool_call_id=_call_id(item, where)))
         elif kind == "reasoning":
             continue
         else:
@@ -137,6 +137,14 @@ def parse(raw: Any) -> ChatRequest:
         logprobs=INCLUDE_LOGPROBS in (body.include or []),
         top_logprobs=top_logprobs,
     )
+
+
+def _call_id(item: dict[str, Any], where: str) -> str:
+    """Raises ProxyError: the item has no ``call_id`` (the id that ties a call to its output)."""
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise ProxyError(400, f"{where}: a {item.get('type')} item needs its call_id", param=f"{where}.call_id")
+    return call_id
 
 
 def new_id() -> str:

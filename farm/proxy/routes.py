@@ -16,12 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 
 from farm.errors import FarmError
 from farm.proxy import anthropic_messages, openai_chat, openai_completions, openai_responses
@@ -33,6 +36,7 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 #: the status of a call whose harness left before its answer; nobody reads it (nginx's "client closed request").
 CLIENT_GONE = 499
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class HarnessGone(Exception):
@@ -46,6 +50,11 @@ def api_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
+def unexpected(exc: Exception) -> ProxyError:
+    log.exception("proxy request failed")
+    return ProxyError(500, f"internal error in the proxy: {type(exc).__name__}", code="internal_error")
+
+
 def error_response(exc: ProxyError, body: ErrorBody) -> JSONResponse:
     return JSONResponse(body(exc.status, exc.message, param=exc.param, code=exc.code), status_code=exc.status)
 
@@ -54,13 +63,60 @@ async def read_json(request: Request) -> Any:
     """The request body as JSON.
 
     Raises:
-        ProxyError: 400 when it is not JSON.
+        ProxyError: 400 when it is not JSON, is nested too deep, or holds half of a UTF-16
+            surrogate pair (text no tokenizer, database or answer can hold).
     """
     raw = await request.body()
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except ValueError as exc:
         raise ProxyError(400, f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise ProxyError(400, "the request body is nested too deep") from None
+    if ESCAPED_SURROGATE.search(raw) and (where := lone_surrogate(value)) is not None:
+        raise ProxyError(
+            400, f"{where or 'body'}: holds half of a UTF-16 surrogate pair (\\ud800-\\udfff alone)", param=where
+        )
+    return value
+
+
+#: a JSON escape of a UTF-16 surrogate: only where one is can the parsed body hold a lone one.
+ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def lone_surrogate(value: Any, where: str = "") -> str | None:
+    """The path of the first string in ``value`` (a key or a value) holding a lone surrogate."""
+    if isinstance(value, str):
+        return where if any("\ud800" <= c <= "\udfff" for c in value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{where}.{key}" if where else str(key)
+            if (found := lone_surrogate(key, here)) is not None or (found := lone_surrogate(item, here)) is not None:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if (found := lone_surrogate(item, f"{where}.{i}" if where else str(i))) is not None:
+                return found
+    return None
+
+
+def parsed(parse: Callable[[Any], T], raw: Any) -> T:
+    """``parse(raw)``; a body the parser cannot read, whatever the reason, is the harness's to fix.
+
+    Raises:
+        ProxyError: 400 naming the field where it can.
+    """
+    try:
+        return parse(raw)
+    except ProxyError:
+        raise
+    except ValidationError as exc:  # an internal model built from a field of the wrong type
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or None
+        raise ProxyError(400, f"invalid request: {where or 'body'}: {first['msg']}", param=where) from None
+    except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
+        log.info("unreadable proxy request: %r", exc)
+        raise ProxyError(400, f"invalid request: a field has the wrong type or shape ({exc})") from None
 
 
 async def open_trial(core: ProxyCore, trial: str, request: Request) -> TrialContext:
@@ -160,7 +216,7 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
         core = get_core(request)
         try:
             ctx = await open_trial(core, trial, request)
-            chat, include_usage = openai_chat.parse(await read_json(request))
+            chat, include_usage = parsed(openai_chat.parse, await read_json(request))
             model = chat.model or ctx.model
             completion_id = openai_chat.new_id()
             events = await answer(request, core.call(ctx, chat, wire=openai_chat.WIRE), stream=chat.stream)
@@ -172,6 +228,8 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
             return error_response(exc, openai_chat.error_body)
         except HarnessGone:
             return Response(status_code=CLIENT_GONE)
+        except Exception as exc:  # a bug: the format's 500, not a bare one that also drops the connection
+            return error_response(unexpected(exc), openai_chat.error_body)
         body = openai_chat.stream(
             events,
             model=model,
@@ -186,7 +244,7 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
         core = get_core(request)
         try:
             ctx = await open_trial(core, trial, request)
-            body, echo, include_usage = openai_completions.parse(await read_json(request))
+            body, echo, include_usage = parsed(openai_completions.parse, await read_json(request))
             model = body.model or ctx.model
             completion_id = openai_completions.new_id()
             events = await answer(request, core.call(ctx, body, wire=openai_completions.WIRE), stream=body.stream)
@@ -203,6 +261,8 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
             return error_response(openai_completions.for_prompt(exc), openai_chat.error_body)
         except HarnessGone:
             return Response(status_code=CLIENT_GONE)
+        except Exception as exc:  # a bug: the format's 500, not a bare one that also drops the connection
+            return error_response(unexpected(exc), openai_chat.error_body)
         stream = openai_completions.stream(
             events,
             model=model,
@@ -218,7 +278,7 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
         core = get_core(request)
         try:
             ctx = await open_trial(core, trial, request)
-            chat = openai_responses.parse(await read_json(request))
+            chat = parsed(openai_responses.parse, await read_json(request))
             model = chat.model or ctx.model
             response_id = openai_responses.new_id()
             events = await answer(request, core.call(ctx, chat, wire=openai_responses.WIRE), stream=chat.stream)
@@ -230,6 +290,8 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
             return error_response(exc, openai_chat.error_body)
         except HarnessGone:
             return Response(status_code=CLIENT_GONE)
+        except Exception as exc:  # a bug: the format's 500, not a bare one that also drops the connection
+            return error_response(unexpected(exc), openai_chat.error_body)
         body = openai_responses.stream(events, model=model, response_id=response_id, logprobs=chat.logprobs)
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -238,7 +300,7 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
         core = get_core(request)
         try:
             ctx = await open_trial(core, trial, request)
-            chat = anthropic_messages.parse(await read_json(request))
+            chat = parsed(anthropic_messages.parse, await read_json(request))
             model = chat.model or ctx.model
             message_id = anthropic_messages.new_id()
             call = core.call(ctx, chat, wire=anthropic_messages.WIRE, call_id_prefix=anthropic_messages.CALL_ID_PREFIX)
@@ -249,6 +311,8 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
             return error_response(exc, anthropic_messages.error_body)
         except HarnessGone:
             return Response(status_code=CLIENT_GONE)
+        except Exception as exc:  # a bug: the format's 500, not a bare one that also drops the connection
+            return error_response(unexpected(exc), anthropic_messages.error_body)
         body = anthropic_messages.stream(events, model=model, message_id=message_id)
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -257,9 +321,11 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
         core = get_core(request)
         try:
             await open_trial(core, trial, request)
-            chat = anthropic_messages.parse_count(await read_json(request))
+            chat = parsed(anthropic_messages.parse_count, await read_json(request))
             return JSONResponse({"input_tokens": await core.count_tokens(chat)})
         except ProxyError as exc:
             return error_response(exc, anthropic_messages.error_body)
+        except Exception as exc:  # a bug: the format's 500, not a bare one that also drops the connection
+            return error_response(unexpected(exc), anthropic_messages.error_body)
 
     return router

@@ -384,8 +384,12 @@ class Engine:
                 seq.future.set_exception(exc)
             return
         for seq, row in zip(new, logits, strict=True):
-            self._sample(seq, row)
-        self._running.extend(new)
+            try:
+                self._sample(seq, row)
+            except Exception as exc:  # that request fails; the engine thread goes on serving
+                seq.future.set_exception(exc)
+                continue
+            self._running.append(seq)
 
     def _prepare(self, seq: _Sequence) -> None:
         """Give the sequence its KV buffers, seeded from the longest cached prefix of its prompt."""

@@ -9,6 +9,10 @@ import torch
 
 from farm.llm.types import SamplingParams
 
+#: temperatures below this sample greedily, as vLLM's ``_SAMPLING_EPS``: dividing by a tinier one
+#: overflows the logits to inf, and softmax then gives NaN.
+GREEDY_BELOW = 1e-5
+
 
 def sample_token(
     logits: torch.Tensor,
@@ -33,7 +37,7 @@ def sample_token(
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     if forced is not None:
         token = forced
-    elif params.temperature == 0.0:
+    elif params.temperature < GREEDY_BELOW:
         token = int(torch.argmax(logits).item())
     else:
         scaled = logits.float() / params.temperature

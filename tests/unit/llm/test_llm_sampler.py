@@ -21,6 +21,13 @@ def test_sample_greedy_picks_argmax_with_raw_logprob():
     assert logprob == float(RAW[1])
 
 
+def test_sample_a_vanishing_temperature_is_greedy_not_nan():
+    # 1/1e-38 overflows the logits to inf: softmax would be NaN and multinomial would raise.
+    for temperature in (1e-38, 2.2e-309, 1e-6):
+        token, logprob, _ = sample_token(LOGITS * 50, SamplingParams(temperature=temperature), gen())
+        assert token == 1 and logprob == float(torch.log_softmax(LOGITS * 50, dim=-1)[1])
+
+
 def test_sample_logprob_ignores_temperature_and_filters():
     params = SamplingParams(temperature=0.3, top_k=2, top_p=0.5)
     for seed in range(20):

@@ -1,0 +1,93 @@
+"""Requests a fuzzer found to break the proxy: each is now a 400 in its format's shape that says
+what to fix, and the trial goes on serving."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+USER = [{"role": "user", "content": "hi"}]
+BASH = {"name": "bash", "parameters": {"type": "object"}}
+
+#: (route, body, the field the answer names or None)
+BAD: list[tuple[str, dict[str, Any], str | None]] = [
+    (
+        "chat/completions",
+        {"messages": USER, "tools": [{"type": "function", "function": {**BASH, "parameters": "x"}}]},
+        "parameters",
+    ),
+    (
+        "chat/completions",
+        {"messages": USER, "tools": [{"type": "function", "function": {**BASH, "description": 5}}]},
+        "description",
+    ),
+    ("chat/completions", {"messages": USER, "tool_choice": {"type": "function", "function": "bash"}}, None),
+    ("chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages.0.content"),
+    ("chat/completions", {"model": "\udfff", "messages": USER}, "model"),
+    ("chat/completions", {"messages": USER, "seed": 2**70}, "seed"),
+    ("completions", {"prompt": "a\ud800"}, "prompt"),
+    ("responses", {"input": [{"role": "user", "content": 5}]}, None),
+    ("responses", {"input": [{"type": "function_call_output", "output": "ok"}]}, "call_id"),
+    ("responses", {"input": [{"type": "function_call", "name": "bash", "arguments": "{}"}]}, "call_id"),
+    ("responses", {"input": "x", "tools": [{"type": "function", "name": "bash", "parameters": "x"}]}, "parameters"),
+    (
+        "messages",
+        {
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": 5}]}],
+        },
+        None,
+    ),
+    ("messages/count_tokens", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages.0.content"),
+]
+
+
+def _shape_ok(route: str, body: dict[str, Any]) -> bool:
+    if route.startswith("messages"):
+        return body.get("type") == "error" and isinstance(body["error"]["message"], str)
+    return isinstance(body.get("error", {}).get("message"), str)
+
+
+@pytest.mark.parametrize(("route", "body", "field"), BAD, ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(BAD)])
+def test_a_bad_request_is_a_400_in_the_format_s_shape_and_the_trial_serves_on(
+    new_trial: Any, route: str, body: dict[str, Any], field: str | None
+) -> None:
+    trial = new_trial()
+    base = trial["openai_base_url"]
+    headers = {"Authorization": f"Bearer {trial['key']}"}
+    with httpx.Client(timeout=60) as http:
+        # json= would refuse the lone surrogates: the body is written as a harness's JSON library would.
+        raw = json.dumps({"model": "m", "max_tokens": 4, **body}).encode()
+        answer = http.post(f"{base}/{route}", content=raw, headers={**headers, "Content-Type": "application/json"})
+        assert answer.status_code == 400, answer.text
+        error = answer.json()
+        assert _shape_ok(route, error), error
+        message = error["error"]["message"]
+        if field is not None:
+            assert field in message, message
+        again = http.post(
+            f"{base}/chat/completions", json={"model": "m", "max_tokens": 2, "messages": USER}, headers=headers
+        )
+        assert again.status_code == 200, again.text
+
+
+def test_a_vanishing_temperature_samples_greedily_and_the_backend_serves_on(new_trial: Any) -> None:
+    trial = new_trial()
+    headers = {"Authorization": f"Bearer {trial['key']}"}
+    url = f"{trial['openai_base_url']}/chat/completions"
+    with httpx.Client(timeout=60) as http:
+        for temperature in (1e-38, 2.2e-309, 1.0):
+            body = {"model": "m", "max_tokens": 3, "messages": USER, "temperature": temperature}
+            assert http.post(url, json=body, headers=headers).status_code == 200
+
+
+def test_a_trial_id_with_a_nul_is_refused_as_unknown(new_trial: Any) -> None:
+    trial = new_trial()
+    base = trial["openai_base_url"].replace(trial["id"], "%00x")
+    answer = httpx.get(f"{base}/models", headers={"Authorization": f"Bearer {trial['key']}"})
+    assert answer.status_code == 401 and "error" in answer.json()
