@@ -20,6 +20,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from farm.errors import HTTP_ERRORS, FarmError
+from farm.proxy.errors import any_sdk_error_body, is_harness_path
 from farm.schemas import ErrorOut
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,12 @@ def _http_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 405:
         headers["Allow"] = _allowed_methods(request)
         detail = f"{request.method} is not allowed on {request.url.path}; allowed: {headers['Allow']}"
+    if is_harness_path(request.url.path):  # a harness's SDK reads its own error shape, not the API's
+        if exc.status_code == 404:
+            routes = "chat/completions, completions, responses, messages, messages/count_tokens, models"
+            detail = f"no route {request.url.path}: a trial's base URL serves {routes}"
+        body = any_sdk_error_body(exc.status_code, detail, code.get(exc.status_code, "http_error"))
+        return JSONResponse(body, status_code=exc.status_code, headers=headers)
     return error_response(exc.status_code, code.get(exc.status_code, "http_error"), detail, headers=headers)
 
 

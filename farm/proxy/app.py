@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis
-from fastapi import FastAPI
-from fastapi.responses import Response
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy import Engine
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from farm import __version__
 from farm.config import Settings
@@ -22,6 +23,7 @@ from farm.llm.balancer import Balancer
 from farm.llm.session import ClientPool
 from farm.llm.tokenizer import load_tokenizer
 from farm.proxy.core import ProxyCore
+from farm.proxy.errors import any_sdk_error_body
 from farm.proxy.routes import make_router
 
 
@@ -55,6 +57,13 @@ def create_proxy_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="rollout-farm proxy", version=__version__, lifespan=lifespan, openapi_url=None)
     app.state.proxy_core = core
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # A harness's SDK reads its own error shape (an unknown route, a method a route does not take).
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        body = any_sdk_error_body(exc.status_code, message, str(exc.detail).lower().replace(" ", "_"))
+        return JSONResponse(body, status_code=exc.status_code, headers=dict(exc.headers or {}))
 
     @app.get("/health")
     def health() -> Response:

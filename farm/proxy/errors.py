@@ -38,6 +38,20 @@ class ProxyError(Exception):
         self.code = code
 
 
+def is_harness_path(path: str) -> bool:
+    """A path under a trial's base URL (``/proxy/{trial}/v1/...``, or verl's ``/{trial}/v1/...``)."""
+    parts = path.split("/")
+    return len(parts) > 2 and (parts[1] == "proxy" or (parts[2] == "v1" and parts[1] != "v1"))
+
+
+def any_sdk_error_body(status: int, message: str, code: str) -> dict[str, Any]:
+    """An error both the openai and the anthropic SDKs read, for an answer no route of one format
+    gave (an unknown route, a method a route does not take)."""
+    kinds = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error"}
+    kind = kinds.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message, "param": None, "code": code}}
+
+
 def validated(model: type[M], raw: Any, *, prefix: str = "invalid request: ") -> M:
     """``raw`` read as ``model``.
 

@@ -91,3 +91,21 @@ def test_a_trial_id_with_a_nul_is_refused_as_unknown(new_trial: Any) -> None:
     base = trial["openai_base_url"].replace(trial["id"], "%00x")
     answer = httpx.get(f"{base}/models", headers={"Authorization": f"Bearer {trial['key']}"})
     assert answer.status_code == 401 and "error" in answer.json()
+
+
+def test_an_unknown_route_or_method_under_a_trial_s_base_url_is_an_error_both_sdks_read(new_trial: Any) -> None:
+    import anthropic
+    import openai
+
+    trial = new_trial()
+    client = openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"], max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="no route .*/embeddings"):
+        client.embeddings.create(model="m", input="x")
+    answer = httpx.get(
+        f"{trial['openai_base_url']}/chat/completions", headers={"Authorization": f"Bearer {trial['key']}"}
+    )
+    assert answer.status_code == 405 and "POST" in answer.headers["allow"]
+    assert answer.json()["type"] == "error" and "GET is not allowed" in answer.json()["error"]["message"]
+    claude = anthropic.Anthropic(base_url=trial["anthropic_base_url"], api_key=trial["key"], max_retries=0)
+    with pytest.raises(anthropic.NotFoundError, match="no route .*/messages/batches"):
+        claude.messages.batches.list()
