@@ -62,10 +62,6 @@ BACKEND_URL_PATTERN = _backend_url_pattern()
 BACKEND_ID_PATTERN = r"^[A-Za-z0-9._:@-]+$"
 
 
-#: a seed is a signed 64-bit integer, as backends hold it (torch's generator refuses a bigger one).
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
-
-
 class SamplingParams(BaseModel):
     """Sampling for every LLM turn of a job, as the backends understand it."""
 
@@ -76,9 +72,7 @@ class SamplingParams(BaseModel):
     top_k: int = Field(default=-1, ge=-1, strict=True, json_schema_extra={"not": {"const": 0}}, description="-1: off")
     max_tokens: int = Field(default=1024, ge=1, le=1_000_000, strict=True, description="per LLM turn")
     stop_token_ids: list[StrictInt] = Field(default_factory=list)
-    seed: StrictInt | None = Field(
-        default=None, ge=SEED_MIN, le=SEED_MAX, description="per-job seeds are derived from it (a 64-bit integer)"
-    )
+    seed: StrictInt | None = Field(default=None, description="per-job seeds are derived from it")
 
     @model_validator(mode="after")
     def _top_k_not_zero(self) -> SamplingParams:
@@ -616,7 +610,7 @@ class TrialSampling(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: StrictInt | None = Field(default=None, ge=-1)
     max_tokens: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
-    seed: StrictInt | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+    seed: StrictInt | None = None
 
     @model_validator(mode="after")
     def _top_k_not_zero(self) -> TrialSampling:
@@ -631,7 +625,7 @@ class TrialCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str | None = Field(default=None, pattern=TRIAL_ID_PATTERN, description="default: a random id")
-    job_id: int | None = Field(default=None, ge=1, le=2**63 - 1, description="the job whose rollout this is")
+    job_id: StrictInt | None = Field(default=None, ge=1, le=2**63 - 1, description="the job whose rollout this is")
     model: str | None = Field(default=None, min_length=1, max_length=500, description="the model name to list")
     sampling: TrialSampling = Field(default_factory=TrialSampling)
     metadata: dict[str, Any] = Field(default_factory=dict)

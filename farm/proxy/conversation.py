@@ -91,7 +91,8 @@ class Sampling(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    seed: int | None = None
+    #: a signed 64-bit integer, as backends hold a seed (torch's generator refuses a bigger one).
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stop: list[str] = Field(default_factory=list)
 
 

@@ -147,6 +147,14 @@ def _call_id(item: dict[str, Any], where: str) -> str:
     return call_id
 
 
+def for_input(exc: ProxyError) -> ProxyError:
+    """An error about the messages names ``input``, the field a Responses request sends them in."""
+    if exc.param == "messages":
+        exc.param = "input"
+        exc.message = exc.message.replace("messages must not be empty", "input must not be empty")
+    return exc
+
+
 def new_id() -> str:
     return f"resp_{secrets.token_hex(12)}"
 

@@ -287,7 +287,7 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
                     openai_responses.response(events, model=model, response_id=response_id, logprobs=chat.logprobs)
                 )
         except ProxyError as exc:
-            return error_response(exc, openai_chat.error_body)
+            return error_response(openai_responses.for_input(exc), openai_chat.error_body)
         except HarnessGone:
             return Response(status_code=CLIENT_GONE)
         except Exception as exc:  # a bug: the format's 500, not a bare one that also drops the connection

@@ -32,6 +32,7 @@ BAD: list[tuple[str, dict[str, Any], str | None]] = [
     ("chat/completions", {"messages": USER, "seed": 2**70}, "seed"),
     ("completions", {"prompt": "a\ud800"}, "prompt"),
     ("responses", {"input": [{"role": "user", "content": 5}]}, None),
+    ("responses", {"input": []}, "input"),
     ("responses", {"input": [{"type": "function_call_output", "output": "ok"}]}, "call_id"),
     ("responses", {"input": [{"type": "function_call", "name": "bash", "arguments": "{}"}]}, "call_id"),
     ("responses", {"input": "x", "tools": [{"type": "function", "name": "bash", "parameters": "x"}]}, "parameters"),
