@@ -76,7 +76,8 @@ def test_stopped_jobs_abort_their_model_requests_and_release_their_slots(slow_st
         assert status.dynamic.end_reason == "target_reached"
         jobs = [farm.job(job_id) for job_id in range(min(batch.job_ids), min(batch.job_ids) + 8)]
         slow = [j for j in jobs if j.batch_id == batch.id and j.group_index > 0]
-        assert slow and all(j.state is JobState.CANCELLED and j.reason == "target_reached" for j in slow)
+        ended = [(j.id, j.group_index, j.state.value, j.reason) for j in slow]
+        assert slow and all(j.state is JobState.CANCELLED and j.reason == "target_reached" for j in slow), ended
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             backends = httpx.get(
