@@ -61,9 +61,20 @@ def validated(model: type[M], raw: Any, *, prefix: str = "invalid request: ") ->
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise ProxyError(400, f"{prefix}{where}: {first['msg']}", param=where) from exc
+        raise invalid(exc, prefix=prefix) from exc
+
+
+def invalid(exc: ValidationError, *, prefix: str = "invalid request: ") -> ProxyError:
+    """A 400 naming the first field at fault (``body`` for the body as a whole)."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "body"
+    return ProxyError(400, f"{prefix}{where}: {first['msg']}", param=where)
+
+
+def unexpected(exc: Exception) -> ProxyError:
+    """A bug, answered as the format's 500 (never a bare one, which also drops the connection)."""
+    log.exception("proxy call failed")
+    return ProxyError(500, f"internal error in the proxy: {type(exc).__name__}", code="internal_error")
 
 
 def proxy_error(exc: FarmError) -> ProxyError:
@@ -100,5 +111,4 @@ async def translated(events: AsyncIterator[T]) -> AsyncIterator[T]:
     except FarmError as exc:
         raise proxy_error(exc) from exc
     except Exception as exc:
-        log.exception("proxy call failed")
-        raise ProxyError(500, f"internal error in the proxy: {type(exc).__name__}", code="internal_error") from exc
+        raise unexpected(exc) from exc

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from farm.errors import FarmError
 from farm.proxy import anthropic_messages, openai_chat, openai_completions, openai_responses
 from farm.proxy.core import Event, Finished, ProxyCore, TrialContext
-from farm.proxy.errors import ProxyError, proxy_error, translated
+from farm.proxy.errors import ProxyError, invalid, proxy_error, translated, unexpected
 
 ErrorBody = Callable[..., dict[str, Any]]
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -48,11 +48,6 @@ def api_key(request: Request) -> str | None:
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
     return request.headers.get("x-api-key")
-
-
-def unexpected(exc: Exception) -> ProxyError:
-    log.exception("proxy request failed")
-    return ProxyError(500, f"internal error in the proxy: {type(exc).__name__}", code="internal_error")
 
 
 def error_response(exc: ProxyError, body: ErrorBody) -> JSONResponse:
@@ -111,9 +106,7 @@ def parsed(parse: Callable[[Any], T], raw: Any) -> T:
     except ProxyError:
         raise
     except ValidationError as exc:  # an internal model built from a field of the wrong type
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or None
-        raise ProxyError(400, f"invalid request: {where or 'body'}: {first['msg']}", param=where) from None
+        raise invalid(exc) from None
     except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as exc:
         log.info("unreadable proxy request: %r", exc)
         raise ProxyError(400, f"invalid request: a field has the wrong type or shape ({exc})") from None
@@ -228,7 +221,7 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
             return error_response(exc, openai_chat.error_body)
         except HarnessGone:
             return Response(status_code=CLIENT_GONE)
-        except Exception as exc:  # a bug: the format's 500, not a bare one that also drops the connection
+        except Exception as exc:  # a bug
             return error_response(unexpected(exc), openai_chat.error_body)
         body = openai_chat.stream(
             events,
@@ -261,7 +254,7 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
             return error_response(openai_completions.for_prompt(exc), openai_chat.error_body)
         except HarnessGone:
             return Response(status_code=CLIENT_GONE)
-        except Exception as exc:  # a bug: the format's 500, not a bare one that also drops the connection
+        except Exception as exc:  # a bug
             return error_response(unexpected(exc), openai_chat.error_body)
         stream = openai_completions.stream(
             events,
@@ -290,7 +283,7 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
             return error_response(openai_responses.for_input(exc), openai_chat.error_body)
         except HarnessGone:
             return Response(status_code=CLIENT_GONE)
-        except Exception as exc:  # a bug: the format's 500, not a bare one that also drops the connection
+        except Exception as exc:  # a bug
             return error_response(unexpected(exc), openai_chat.error_body)
         body = openai_responses.stream(events, model=model, response_id=response_id, logprobs=chat.logprobs)
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -311,7 +304,7 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
             return error_response(exc, anthropic_messages.error_body)
         except HarnessGone:
             return Response(status_code=CLIENT_GONE)
-        except Exception as exc:  # a bug: the format's 500, not a bare one that also drops the connection
+        except Exception as exc:  # a bug
             return error_response(unexpected(exc), anthropic_messages.error_body)
         body = anthropic_messages.stream(events, model=model, message_id=message_id)
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -325,7 +318,7 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
             return JSONResponse({"input_tokens": await core.count_tokens(chat)})
         except ProxyError as exc:
             return error_response(exc, anthropic_messages.error_body)
-        except Exception as exc:  # a bug: the format's 500, not a bare one that also drops the connection
+        except Exception as exc:  # a bug
             return error_response(unexpected(exc), anthropic_messages.error_body)
 
     return router
