@@ -40,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,30 @@ def cpu_of(process: psutil.Process) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in [process, *process.children(recursive=True)])
 
 
+class ServiceCpu:
+    """CPU seconds of PostgreSQL's and Redis's server processes (the whole cluster: its WAL writer
+    flushes the proxy's commits), for what a proxied call costs beyond the proxy process itself."""
+
+    NAMES = {"postgres": "postgres", "redis-server": "redis"}
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[str, float]] = {}
+
+    def take(self) -> dict[str, float]:
+        """Seconds each service used since the last take (a process new since then: all of its)."""
+        used = dict.fromkeys(self.NAMES.values(), 0.0)
+        now: dict[int, tuple[str, float]] = {}
+        for p in psutil.process_iter(["name", "cpu_times"]):
+            service = self.NAMES.get(p.info["name"] or "")
+            if service is None or p.info["cpu_times"] is None:
+                continue
+            total = sum(p.info["cpu_times"][:2])
+            now[p.pid] = (service, total)
+            used[service] += total - self.seen.get(p.pid, (service, 0.0))[1]
+        self.seen = now
+        return used
+
+
 def lean_client(connections: int) -> httpx.AsyncClient:
     """The bench's own client to the proxy: the transport the direct side's ``VLLMClient`` uses, so
     both sides pay the same client cost (httpx's default costs ~1 ms more CPU per request here)."""
@@ -100,8 +125,15 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def proxy_round(
-    api: httpx.AsyncClient, proxy_url: str, trials: int, turns: int, max_tokens: int, tag: str
+    api: httpx.AsyncClient,
+    proxy_url: str,
+    trials: int,
+    turns: int,
+    max_tokens: int,
+    tag: str,
+    ready: Callable[[], object] = lambda: None,
 ) -> tuple[list[float], list[str]]:
+    """``ready`` is called once the trials exist, before their first calls."""
     latencies: list[float] = []
     http = lean_client(trials)
 
@@ -127,6 +159,7 @@ async def proxy_round(
     # (trials created along the way staggered them by the API's time per trial).
     made = [(await api.post("/v1/trials", json={"sampling": {"seed": i}})).json() for i in range(trials)]
     ids = [m["id"] for m in made]
+    ready()
     async with http:
         await asyncio.gather(*(one(i, m) for i, m in enumerate(made)))
     return latencies, ids
@@ -228,10 +261,16 @@ async def run(stack: EmbeddedStack, proxy_url: str, args: argparse.Namespace) ->
         ratios: list[float] = []
         proxy_process = psutil.Process(next(s.process.pid for s in stack.services if s.name == "proxy"))
         cpu_s = 0.0
+        services = ServiceCpu()
+        service_s = dict.fromkeys(ServiceCpu.NAMES.values(), 0.0)
         for r in range(args.rounds):
             before = cpu_of(proxy_process)
-            latencies, ids = await proxy_round(api, proxy_url, args.trials, args.turns, args.max_tokens, f"r{r}")
+            latencies, ids = await proxy_round(
+                api, proxy_url, args.trials, args.turns, args.max_tokens, f"r{r}", ready=services.take
+            )
             cpu_s += cpu_of(proxy_process) - before
+            for name, used in services.take().items():
+                service_s[name] += used
             prompts = await prompts_of(api, ids)
             direct = await direct_round(backend, prompts, args.max_tokens)
             ratios.append(pct(latencies, 0.5) / pct(direct, 0.5))
@@ -251,6 +290,9 @@ async def run(stack: EmbeddedStack, proxy_url: str, args: argparse.Namespace) ->
         figures["overhead_ms"] = round(figures["proxy_p50_ms"] - figures["direct_p50_ms"], 2)
         # The proxy's own CPU per call: on a machine whose cores the backend saturates, what it costs.
         figures["proxy_cpu_ms_per_call"] = round(cpu_s * 1000 / len(proxy_all), 2)
+        # What the calls' records and balancing cost the servers.
+        for name, used in service_s.items():
+            figures[f"{name}_cpu_ms_per_call"] = round(used * 1000 / len(proxy_all), 2)
         figures.update(await ttft(api, proxy_url, backend))
         return figures
 

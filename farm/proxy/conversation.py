@@ -88,6 +88,8 @@ class Sampling(BaseModel):
     """What the harness asked for; the trial's own settings override these (``farm.proxy.core``)."""
 
     max_tokens: int | None = None
+    #: what the request called ``max_tokens`` (max_completion_tokens, max_output_tokens), for its errors.
+    max_tokens_field: str = "max_tokens"
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

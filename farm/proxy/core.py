@@ -484,6 +484,8 @@ class ProxyCore:
             # Name the parameter (max_tokens past the limit...), not pydantic's whole dump.
             first = exc.errors()[0]
             name = ".".join(str(p) for p in first["loc"]) or "sampling"
+            if name == "max_tokens" and "max_tokens" not in trial.sampling:
+                name = asked.max_tokens_field
             raise InvalidSpec(f"{name}: {first['msg']}", field=name) from exc
         except ValueError as exc:
             raise InvalidSpec(f"invalid sampling parameters: {exc}", field="sampling") from exc
@@ -786,7 +788,8 @@ def _check_tool_choice(request: ChatRequest) -> None:
         return
     names = [t.name for t in request.tools]
     if not names:
-        raise InvalidSpec(f"tool_choice {choice!r} needs tools: the request offers none", field="tool_choice")
+        # Not the choice's value: each format spells it its own way (Anthropic's any is required here).
+        raise InvalidSpec("tool_choice demands a tool call, but the request offers no tools", field="tool_choice")
     if choice != "required" and choice not in names:
         raise InvalidSpec(f"tool_choice names {choice!r}, which is not among the tools {names}", field="tool_choice")
 

@@ -171,6 +171,7 @@ def parse(raw: Any) -> tuple[ChatRequest, bool]:
         tool_choice=choice,
         sampling=Sampling(
             max_tokens=body.max_completion_tokens or body.max_tokens,
+            max_tokens_field="max_completion_tokens" if body.max_completion_tokens else "max_tokens",
             temperature=body.temperature,
             top_p=body.top_p,
             top_k=body.top_k,

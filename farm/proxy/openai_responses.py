@@ -53,8 +53,9 @@ class ResponsesBody(BaseModel):
     top_logprobs: int | None = Field(default=None, strict=True)
 
 
-def parse(raw: Any) -> ChatRequest:
-    """The request in the proxy's terms.
+def parse(raw: Any) -> tuple[ChatRequest, dict[str, Any]]:
+    """The request in the proxy's terms, and what of it the response repeats (its tools, tool
+    choice and parallel calls, as the request gave them).
 
     Raises:
         ProxyError: 400 naming what to fix.
@@ -126,17 +127,28 @@ def parse(raw: Any) -> ChatRequest:
     elif choice not in ("auto", "none", "required"):
         raise ProxyError(400, f"tool_choice {choice!r} is not auto, none or required", param="tool_choice")
     top_logprobs = check_top_logprobs(body.top_logprobs)
-    return ChatRequest(
+    echo = {
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "tool_choice": body.tool_choice or "auto",
+        "tools": body.tools or [],
+    }
+    request = ChatRequest(
         model=body.model,
         messages=messages,
         tools=tools,
         tool_choice=choice,
-        sampling=Sampling(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p),
+        sampling=Sampling(
+            max_tokens=body.max_output_tokens,
+            max_tokens_field="max_output_tokens",
+            temperature=body.temperature,
+            top_p=body.top_p,
+        ),
         stream=bool(body.stream),
         parallel_tool_calls=body.parallel_tool_calls is not False,
         logprobs=INCLUDE_LOGPROBS in (body.include or []),
         top_logprobs=top_logprobs,
     )
+    return request, echo
 
 
 def _call_id(item: dict[str, Any], where: str) -> str:
@@ -199,7 +211,13 @@ def _call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
 
 
 def _response(
-    response_id: str, model: str, created: int, status: str, output: list[dict[str, Any]], done: Finished | None
+    response_id: str,
+    model: str,
+    created: int,
+    status: str,
+    output: list[dict[str, Any]],
+    done: Finished | None,
+    echo: dict[str, Any],
 ) -> dict[str, Any]:
     incomplete = done is not None and done.reply.finish_reason == "length"
     return {
@@ -210,25 +228,25 @@ def _response(
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "model": model,
         "output": output,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
+        **echo,
         "error": None,
         "usage": _usage(done) if done is not None else None,
     }
 
 
-def response(done: Finished, *, model: str, response_id: str, logprobs: bool = False) -> dict[str, Any]:
+def response(
+    done: Finished, *, model: str, response_id: str, echo: dict[str, Any], logprobs: bool = False
+) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     if done.reply.content.strip() or not done.reply.tool_calls:
         lps = _logprobs(done, logprobs)
         output.append(_message_item(f"msg_{secrets.token_hex(12)}", done.reply.content, "completed", lps))
     output += [_call_item(f"fc_{secrets.token_hex(12)}", c, "completed") for c in done.reply.tool_calls]
-    return _response(response_id, model, int(time.time()), "completed", output, done)
+    return _response(response_id, model, int(time.time()), "completed", output, done, echo)
 
 
 async def stream(
-    events: AsyncIterator[Event], *, model: str, response_id: str, logprobs: bool = False
+    events: AsyncIterator[Event], *, model: str, response_id: str, echo: dict[str, Any], logprobs: bool = False
 ) -> AsyncIterator[bytes]:
     """The SDK's named events. With ``logprobs``, each text delta carries the logprobs of the tokens
     sampled since the last one, and the whole list (every sampled token's, known once the call is
@@ -243,8 +261,10 @@ async def stream(
         payload = {"type": name, "sequence_number": seq - 1, **data}
         return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
 
-    yield emit("response.created", {"response": _response(response_id, model, created, "in_progress", [], None)})
-    yield emit("response.in_progress", {"response": _response(response_id, model, created, "in_progress", [], None)})
+    yield emit("response.created", {"response": _response(response_id, model, created, "in_progress", [], None, echo)})
+    yield emit(
+        "response.in_progress", {"response": _response(response_id, model, created, "in_progress", [], None, echo)}
+    )
     output: list[dict[str, Any]] = []
     text_id: str | None = None
     text = ""
@@ -323,11 +343,11 @@ async def stream(
                     yield chunk
                 if logprobs:
                     _attach_logprobs(output, _logprobs(event, logprobs))
-                final = _response(response_id, model, created, "completed", output, event)
+                final = _response(response_id, model, created, "completed", output, event, echo)
                 name = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
                 yield emit(name, {"response": final})
     except ProxyError as exc:
-        failed = _response(response_id, model, created, "failed", output, None)
+        failed = _response(response_id, model, created, "failed", output, None, echo)
         failed["error"] = {"code": exc.code or "server_error", "message": exc.message}
         yield emit("response.failed", {"response": failed})
 

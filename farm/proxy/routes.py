@@ -271,13 +271,15 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
         core = get_core(request)
         try:
             ctx = await open_trial(core, trial, request)
-            chat = parsed(openai_responses.parse, await read_json(request))
+            chat, echo = parsed(openai_responses.parse, await read_json(request))
             model = chat.model or ctx.model
             response_id = openai_responses.new_id()
             events = await answer(request, core.call(ctx, chat, wire=openai_responses.WIRE), stream=chat.stream)
             if isinstance(events, Finished):
                 return JSONResponse(
-                    openai_responses.response(events, model=model, response_id=response_id, logprobs=chat.logprobs)
+                    openai_responses.response(
+                        events, model=model, response_id=response_id, echo=echo, logprobs=chat.logprobs
+                    )
                 )
         except ProxyError as exc:
             return error_response(openai_responses.for_input(exc), openai_chat.error_body)
@@ -285,7 +287,7 @@ def make_router(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pro
             return Response(status_code=CLIENT_GONE)
         except Exception as exc:  # a bug
             return error_response(unexpected(exc), openai_chat.error_body)
-        body = openai_responses.stream(events, model=model, response_id=response_id, logprobs=chat.logprobs)
+        body = openai_responses.stream(events, model=model, response_id=response_id, echo=echo, logprobs=chat.logprobs)
         return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
 
     @router.post("/messages", include_in_schema=False)

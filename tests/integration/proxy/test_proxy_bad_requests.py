@@ -30,6 +30,9 @@ BAD: list[tuple[str, dict[str, Any], str | None]] = [
     ("chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages.0.content"),
     ("chat/completions", {"model": "\udfff", "messages": USER}, "model"),
     ("chat/completions", {"messages": USER, "seed": 2**70}, "seed"),
+    # Each format's own name for the answer's length, not the proxy's.
+    ("chat/completions", {"messages": USER, "max_completion_tokens": 2_000_000}, "max_completion_tokens"),
+    ("responses", {"input": "x", "max_output_tokens": 2_000_000}, "max_output_tokens"),
     ("completions", {"prompt": "a\ud800"}, "prompt"),
     ("responses", {"input": [{"role": "user", "content": 5}]}, None),
     ("responses", {"input": []}, "input"),

@@ -36,6 +36,21 @@ def test_responses_function_call_round_trip_extends_the_record(new_trial: Any, a
     assert [c["extends"] for c in record["certificate"]] == [None, 0]
 
 
+def test_responses_repeat_the_request_s_tools_and_choices(new_trial: Any) -> None:
+    trial = new_trial()
+    client = openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"])
+    asked: Any = {"tools": [BASH], "tool_choice": "required", "parallel_tool_calls": False}
+    whole = client.responses.create(model="farm-tiny", input=f"{TOOL_WORD} now", **asked)
+    with client.responses.stream(model="farm-tiny", input=f"{TOOL_WORD} now", **asked) as stream:
+        created = next(e for e in stream if e.type == "response.created")
+        final = stream.get_final_response()
+    for response in (whole, created.response, final):
+        assert response.parallel_tool_calls is False and response.tool_choice == "required"
+        assert [t.name for t in response.tools] == ["bash"]  # type: ignore[union-attr]
+    plain = client.responses.create(model="farm-tiny", input="hello", max_output_tokens=2)
+    assert plain.parallel_tool_calls is True and plain.tool_choice == "auto" and plain.tools == []
+
+
 def test_responses_stream_events_end_in_the_recorded_reply(new_trial: Any, api: httpx.Client) -> None:
     trial = new_trial()
     client = openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"])

@@ -203,3 +203,7 @@ def test_tool_choice_that_no_tool_can_meet_is_a_400_naming_it(new_trial: Any) ->
         an.messages.create(
             model="m", max_tokens=4, messages=user, tools=[bash], tool_choice={"type": "tool", "name": "nope"}
         )
+    # Anthropic has no "required": the message must not name the proxy's own term for its "any".
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        an.messages.create(model="m", max_tokens=4, messages=user, tool_choice={"type": "any"})
+    assert "no tools" in refused.value.message and "required" not in refused.value.message
