@@ -75,8 +75,7 @@ def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastA
         try:
             yield
         finally:
-            await app.state.proxy_core.clients.aclose()
-            app.state.proxy_core.close()
+            await app.state.proxy_core.stop()
             updater.stop()
             checker.stop()
             await state.notifier.stop()

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any, NoReturn, cast
 
 import numpy as np
-from sqlalchemy import Connection, Table, and_, bindparam, case, func, insert, select, update
+from sqlalchemy import ARRAY, Connection, LargeBinary, Table, and_, any_, bindparam, case, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from farm.db.arrays import FLOAT32, INT32
@@ -101,13 +101,13 @@ class Credentials:
     ended: bool
 
 
-_CREDENTIALS = select(TRIALS.c.key_sha256, TRIALS.c.model, TRIALS.c.sampling, TRIALS.c.ended_at).where(
+CREDENTIALS = select(TRIALS.c.key_sha256, TRIALS.c.model, TRIALS.c.sampling, TRIALS.c.ended_at).where(
     TRIALS.c.id == bindparam("trial_id")
 )
 
 
 def credentials(conn: Connection, trial_id: str) -> Credentials | None:
-    row = conn.execute(_CREDENTIALS, {"trial_id": trial_id}).one_or_none()
+    row = conn.execute(CREDENTIALS, {"trial_id": trial_id}).one_or_none()
     if row is None:
         return None
     return Credentials(
@@ -131,25 +131,28 @@ class Parent:
 # A call's end_hash is the chained hash of its request's messages plus its reply, so a call whose
 # end_hash is among a request's hashes covers its request's messages + 1 of them: the longest
 # covered prefix is the candidate with the most request hashes (16 bytes each).
-_PARENT = (
-    select(
-        CALLS.c.seq,
-        CALLS.c.segment,
-        func.length(CALLS.c.message_hashes).label("hash_bytes"),
-        # Only the last sampled id (an answer may be thousands of ids).
-        func.substr(CALLS.c.sampled_ids, func.length(CALLS.c.sampled_ids) - (INT32.itemsize - 1), INT32.itemsize).label(
-            "last_sampled"
-        ),
-        CALLS.c.started_at,
+def _parent_query(among_hashes: Any) -> Any:
+    return (
+        select(
+            CALLS.c.seq,
+            CALLS.c.segment,
+            func.length(CALLS.c.message_hashes).label("hash_bytes"),
+            # Only the last sampled id (an answer may be thousands of ids).
+            func.substr(
+                CALLS.c.sampled_ids, func.length(CALLS.c.sampled_ids) - (INT32.itemsize - 1), INT32.itemsize
+            ).label("last_sampled"),
+            CALLS.c.started_at,
+        )
+        .where(CALLS.c.trial_id == bindparam("trial_id"), CALLS.c.state == "done", among_hashes)
+        .order_by(func.length(CALLS.c.message_hashes).desc(), CALLS.c.seq.desc())
+        .limit(1)
     )
-    .where(
-        CALLS.c.trial_id == bindparam("trial_id"),
-        CALLS.c.state == "done",
-        CALLS.c.end_hash.in_(bindparam("hashes", expanding=True)),
-    )
-    .order_by(func.length(CALLS.c.message_hashes).desc(), CALLS.c.seq.desc())
-    .limit(1)
-)
+
+
+_PARENT = _parent_query(CALLS.c.end_hash.in_(bindparam("hashes", expanding=True)))
+#: the same, with the hashes as one array parameter (PostgreSQL: one statement text for any number
+#: of hashes, which a server-side prepared statement needs).
+PARENT_ANY = _parent_query(CALLS.c.end_hash == any_(bindparam("hashes", type_=ARRAY(LargeBinary))))
 
 
 def find_parent(conn: Connection, trial_id: str, message_hashes: Sequence[bytes]) -> Parent | None:
@@ -158,13 +161,16 @@ def find_parent(conn: Connection, trial_id: str, message_hashes: Sequence[bytes]
     if len(message_hashes) < 2:
         return None
     row = conn.execute(_PARENT, {"trial_id": trial_id, "hashes": list(message_hashes[:-1])}).one_or_none()
-    if row is None:
-        return None
+    return parent_of(row, len(message_hashes[0])) if row is not None else None
+
+
+def parent_of(row: Any, hash_size: int) -> Parent:
+    """A ``_PARENT`` row as a Parent."""
     last = bytes(row.last_sampled or b"")
     return Parent(
         seq=row.seq,
         segment=row.segment,
-        covered=row.hash_bytes // len(message_hashes[0]) + 1,
+        covered=row.hash_bytes // hash_size + 1,
         last_sampled_id=int(np.frombuffer(last, dtype=INT32)[0]) if len(last) == INT32.itemsize else None,
         started_at=row.started_at,
     )
@@ -301,7 +307,7 @@ def _add_call_statement() -> Any:
     )
 
 
-_ADD_CALL = _add_call_statement()
+ADD_CALL = _add_call_statement()
 
 
 def add_call(
@@ -324,6 +330,46 @@ def add_call(
     Raises:
         TrialNotFound, TrialEnded.
     """
+    pending = pending_params(
+        trial_id,
+        parent=parent,
+        wire=wire,
+        streamed=streamed,
+        message_hashes=message_hashes,
+        delta_ids=delta_ids,
+        prompt_tokens=prompt_tokens,
+        continuity=continuity,
+        messages=messages,
+        started_at=started_at,
+    )
+    if conn.dialect.name == "postgresql":
+        seq = conn.execute(ADD_CALL, pending).scalar_one_or_none()
+        if seq is None:
+            raise_closed(conn, trial_id)
+        return int(seq)
+    taken = conn.execute(_TAKE_SEQ, {k: pending[k] for k in ("_trial_id", "_new_segment")}).one_or_none()
+    if taken is None:
+        raise_closed(conn, trial_id)
+    segment = taken.last_segment if parent is None else parent.segment
+    row = {name: pending[name] for name in _PENDING_COLUMNS}
+    conn.execute(_INSERT_PENDING, {**row, "seq": taken.seq, "segment": segment})
+    return int(taken.seq)
+
+
+def pending_params(
+    trial_id: str,
+    *,
+    parent: Parent | None,
+    wire: str,
+    streamed: bool,
+    message_hashes: Sequence[bytes],
+    delta_ids: Sequence[int],
+    prompt_tokens: int,
+    continuity: dict[str, Any],
+    messages: list[dict[str, Any]] | None = None,
+    started_at: datetime | None = None,
+) -> dict[str, Any]:
+    """``ADD_CALL``'s parameters (``add_call``)."""
     pending = {
         "trial_id": trial_id,
         "parent_seq": parent.seq if parent is not None else None,
@@ -339,29 +385,21 @@ def add_call(
         "continuity": continuity,
         "started_at": started_at or utcnow(),
     }
-    taking = {"_trial_id": trial_id, "_new_segment": 1 if parent is None else 0}
-    if conn.dialect.name == "postgresql":
-        seq = conn.execute(
-            _ADD_CALL, {**pending, **taking, "_parent_segment": parent.segment if parent is not None else None}
-        ).scalar_one_or_none()
-        if seq is None:
-            _raise_closed(conn, trial_id)
-        return int(seq)
-    taken = conn.execute(_TAKE_SEQ, taking).one_or_none()
-    if taken is None:
-        _raise_closed(conn, trial_id)
-    segment = taken.last_segment if parent is None else parent.segment
-    conn.execute(_INSERT_PENDING, {**pending, "seq": taken.seq, "segment": segment})
-    return int(taken.seq)
+    return {
+        **pending,
+        "_trial_id": trial_id,
+        "_new_segment": 1 if parent is None else 0,
+        "_parent_segment": parent.segment if parent is not None else None,
+    }
 
 
-def _raise_closed(conn: Connection, trial_id: str) -> NoReturn:
-    if conn.execute(_CREDENTIALS, {"trial_id": trial_id}).one_or_none() is None:
+def raise_closed(conn: Connection, trial_id: str) -> NoReturn:
+    if conn.execute(CREDENTIALS, {"trial_id": trial_id}).one_or_none() is None:
         raise TrialNotFound(f"no trial {trial_id!r}", trial_id=trial_id)
     raise TrialEnded(f"trial {trial_id!r} has ended", trial_id=trial_id)
 
 
-_LOCK_TRIAL = select(TRIALS.c.id).where(TRIALS.c.id == bindparam("_trial_id")).with_for_update()
+LOCK_TRIAL = select(TRIALS.c.id).where(TRIALS.c.id == bindparam("_trial_id")).with_for_update()
 _SIBLING = CALLS.alias("sibling")
 #: a finished call of the same parent in the same segment: the call finishing now is a branch.
 _DONE_SIBLING = (
@@ -374,7 +412,7 @@ _DONE_SIBLING = (
     )
     .limit(1)
 )
-_FINISHED_COLUMNS = (
+FINISHED_COLUMNS = (
     "sampled_ids",
     "logprobs",
     "finish_reason",
@@ -390,7 +428,7 @@ _PENDING_CALL = and_(
     CALLS.c.trial_id == bindparam("_trial_id"), CALLS.c.seq == bindparam("_seq"), CALLS.c.state == "pending"
 )
 #: the usual finish: the call is still pending and no sibling finished before it.
-_FINISH = update(CALLS).where(_PENDING_CALL, ~_DONE_SIBLING.exists()).values(state="done").returning(CALLS.c.seq)
+FINISH = update(CALLS).where(_PENDING_CALL, ~_DONE_SIBLING.exists()).values(state="done").returning(CALLS.c.seq)
 _BRANCH_OF = select(CALLS.c.continuity, _DONE_SIBLING.scalar_subquery().label("sibling")).where(_PENDING_CALL)
 _NEW_SEGMENT = (
     update(TRIALS)
@@ -430,23 +468,21 @@ def finish_call(
     finished before it.
     """
     if parent_seq is not None:
-        conn.execute(_LOCK_TRIAL, {"_trial_id": trial_id})
-    finished = {
-        "sampled_ids": np.asarray(sampled_ids, dtype=INT32).tobytes(),
-        "logprobs": np.asarray(logprobs, dtype=FLOAT32).tobytes(),
-        "finish_reason": finish_reason,
-        "reply": reply,
-        "end_hash": end_hash,
-        "backend_id": backend_id,
-        "first_token_s": first_token_s,
-        "latency_s": latency_s,
-        "weight_versions": [list(span) for span in weight_versions],
-        "finished_at": utcnow(),
-    }
-    if continuity is not None:
-        finished["continuity"] = continuity
+        conn.execute(LOCK_TRIAL, {"_trial_id": trial_id})
+    finished = finished_params(
+        sampled_ids=sampled_ids,
+        logprobs=logprobs,
+        finish_reason=finish_reason,
+        reply=reply,
+        end_hash=end_hash,
+        backend_id=backend_id,
+        first_token_s=first_token_s,
+        latency_s=latency_s,
+        weight_versions=weight_versions,
+        continuity=continuity,
+    )
     call = {"_trial_id": trial_id, "_seq": seq}
-    if conn.execute(_FINISH, {**call, **finished}).first() is not None:
+    if conn.execute(FINISH, {**call, **finished}).first() is not None:
         return True
     if parent_seq is None:
         return False
@@ -463,6 +499,37 @@ def finish_call(
     }
     conn.execute(_FINISH_BRANCH, {**call, **finished, "segment": segment, "continuity": entry})
     return True
+
+
+def finished_params(
+    *,
+    sampled_ids: Sequence[int],
+    logprobs: Sequence[float],
+    finish_reason: str,
+    reply: dict[str, Any],
+    end_hash: bytes,
+    backend_id: str | None,
+    first_token_s: float | None,
+    latency_s: float,
+    weight_versions: Sequence[Sequence[int]] = (),
+    continuity: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``FINISH``'s values (``finish_call``): ``FINISHED_COLUMNS``, and ``continuity`` when given."""
+    finished = {
+        "sampled_ids": np.asarray(sampled_ids, dtype=INT32).tobytes(),
+        "logprobs": np.asarray(logprobs, dtype=FLOAT32).tobytes(),
+        "finish_reason": finish_reason,
+        "reply": reply,
+        "end_hash": end_hash,
+        "backend_id": backend_id,
+        "first_token_s": first_token_s,
+        "latency_s": latency_s,
+        "weight_versions": [list(span) for span in weight_versions],
+        "finished_at": utcnow(),
+    }
+    if continuity is not None:
+        finished["continuity"] = continuity
+    return finished
 
 
 def fail_call(conn: Connection, trial_id: str, seq: int, error: str, *, seen: bool = False) -> None:

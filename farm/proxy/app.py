@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from farm import __version__
 from farm.config import Settings
+from farm.db.async_trials import AsyncTrials
 from farm.db.session import make_autocommit_engine, make_engine
 from farm.llm.balancer import Balancer
 from farm.llm.session import ClientPool
@@ -28,6 +29,9 @@ from farm.proxy.routes import make_router
 
 
 def make_core(settings: Settings, *, engine: Engine, balancer: Balancer) -> ProxyCore:
+    url = settings.database_url
+    # As many connections as the engines may open (their pool and its overflow).
+    size = 2 * settings.database.pool_size
     return ProxyCore(
         settings=settings.proxy,
         engine=engine,
@@ -36,6 +40,7 @@ def make_core(settings: Settings, *, engine: Engine, balancer: Balancer) -> Prox
         clients=ClientPool.from_settings(settings.llm),
         tokenizer=lambda: load_tokenizer(settings),
         served_model=settings.llm.builtin_model_name,
+        loop_trials=AsyncTrials(url, max_size=size) if url.startswith("postgresql") else None,
     )
 
 
@@ -50,8 +55,7 @@ def create_proxy_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
-            await core.clients.aclose()
-            core.close()
+            await core.stop()
             redis_client.close()
             engine.dispose()
 

@@ -20,10 +20,10 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 import numpy as np
 from pydantic import ValidationError
@@ -33,6 +33,7 @@ from farm import metrics
 from farm.config import ProxySettings
 from farm.constants import trial_balancer_key
 from farm.db import trials
+from farm.db.async_trials import AsyncTrials
 from farm.errors import InvalidSpec, Unauthorized
 from farm.llm.balancer import Balancer
 from farm.llm.client import StreamItem
@@ -189,7 +190,8 @@ class ProxyCore:
     ``engine`` records the calls' finishes, durably. ``early_engine`` (owned: ``close`` disposes of
     it) serves the reads and the pending row of a call's start: on PostgreSQL an autocommit engine
     whose commits do not wait for the disk (``farm.db.session.make_autocommit_engine``); None
-    means ``engine`` serves them too.
+    means ``engine`` serves them too. ``loop_trials`` (PostgreSQL; owned) runs a call's usual
+    statements from the event loop instead (``farm.db.async_trials``); the engines do the rest.
     """
 
     def __init__(
@@ -202,8 +204,10 @@ class ProxyCore:
         clients: ClientPool,
         tokenizer: Callable[[], Any],
         served_model: str,
+        loop_trials: AsyncTrials | None = None,
     ) -> None:
         self.settings = settings
+        self._loop_trials = loop_trials
         self.engine = engine
         self._early_engine = early_engine
         self._early = early_engine or engine
@@ -223,6 +227,16 @@ class ProxyCore:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._early_engine is not None:
             self._early_engine.dispose()
+
+    async def stop(self) -> None:
+        """Close the backend clients and the pools (an app's lifespan ends)."""
+        await self.clients.aclose()
+        if self._loop_trials is not None:
+            await self._loop_trials.close()
+        self.close()
+
+    async def _on_loop(self) -> AsyncTrials | None:
+        return await self._loop_trials.here() if self._loop_trials is not None else None
 
     @property
     def renderer(self) -> Renderer:
@@ -302,6 +316,7 @@ class ProxyCore:
             executor=self._pool,
         )
         prepared: _Prepared
+        db = await self._on_loop()
         try:
             # The call's backend is found on the thread that prepares its prompt, just before.
             if isinstance(request, CompletionRequest):
@@ -310,7 +325,8 @@ class ProxyCore:
             else:
                 messages = _with_tool_names(request.messages)
                 hashes = chain(request.tools, messages)
-                prepared = await self._in_thread(_leased, llm, self._prepare, trial, messages, request, hashes)
+                found = await db.find_parent(trial.id, hashes) if db is not None else _NOT_LOOKED_UP
+                prepared = await self._in_thread(_leased, llm, self._prepare, trial, messages, request, hashes, found)
                 parse_calls = bool(request.tools) and request.tool_choice != "none"
         except BaseException:
             llm.drop_found()
@@ -344,7 +360,7 @@ class ProxyCore:
         # The backend starts on the prompt while the call's pending row commits: nothing of the
         # answer goes out before that commit (a call the harness sees is in the record), and a start
         # that fails (the trial ended meanwhile) closes the backend's request unread.
-        recording = self._pool.submit(self._record_start, trial.id, prepared, wire, request.stream)
+        recording = asyncio.ensure_future(self._start(db, trial.id, prepared, wire, request.stream))
         started: _Started | None = None
         try:
             # A streamed answer, or one a stop string or its first tool call may cut short (the rest
@@ -369,7 +385,7 @@ class ProxyCore:
                         continue
                     if first_token_s is None:
                         first_token_s = time.perf_counter() - start
-                        started = await asyncio.wrap_future(recording)
+                        started = await recording
                         yield Started(seq=started.seq, prompt_tokens=len(prepared.prompt_ids))
                         for event in forced_events:  # text the template writes before a call's tag
                             yielded = True
@@ -389,7 +405,7 @@ class ProxyCore:
                     if stop_string is not None or cut_after_call:
                         break  # the rest of the answer is not wanted
             if started is None:
-                started = await asyncio.wrap_future(recording)
+                started = await recording
             if cut_after_call:
                 # What was sampled past the call stays in the record (the next prompt continues from
                 # it); the harness is shown none of it.
@@ -428,8 +444,7 @@ class ProxyCore:
                 end = functools.partial(self._completion_end, started, sampled, reply)
             else:
                 end = functools.partial(_chat_end, prepared.hashes[-1], reply)
-            done = started
-            await self._in_thread(lambda: self._finish(trial.id, done, reply=reply, end=end, **record))
+            await self._finish(db, trial.id, started, reply=reply, end=end, **record)
         except BaseException as exc:
             llm.drop_found()
             await asyncio.shield(self._fail_recorded(trial.id, recording, exc, yielded and request.stream))
@@ -491,38 +506,47 @@ class ProxyCore:
             raise InvalidSpec(f"invalid sampling parameters: {exc}", field="sampling") from exc
 
     def _prepare(
-        self, trial: TrialContext, messages: list[Message], request: ChatRequest, hashes: list[bytes]
+        self,
+        trial: TrialContext,
+        messages: list[Message],
+        request: ChatRequest,
+        hashes: list[bytes],
+        found: trials.Parent | None | _NotLookedUp,
     ) -> _Prepared:
         """The call's prompt: its parent's ids and the template's delta for the new messages when
-        the request extends an earlier call, else the whole history rendered (a new segment)."""
+        the request extends an earlier call, else the whole history rendered (a new segment).
+        ``found``: the parent, when the event loop looked it up."""
         renderer = self.renderer
-        with self._early.connect() as conn:
-            parent = trials.find_parent(conn, trial.id, hashes)
-            continuity = Continuity()
-            prompt: np.ndarray | None = None
-            delta: list[int] = []
-            if parent is not None:
-                parent_ids = self._ids.get((trial.id, parent.seq, parent.started_at))
-                if parent_ids is None:
+        if isinstance(found, _NotLookedUp):
+            with self._early.connect() as conn:
+                found = trials.find_parent(conn, trial.id, hashes)
+        parent = found
+        continuity = Continuity()
+        prompt: np.ndarray | None = None
+        delta: list[int] = []
+        if parent is not None:
+            parent_ids = self._ids.get((trial.id, parent.seq, parent.started_at))
+            if parent_ids is None:
+                with self._early.connect() as conn:
                     parent_ids = trials.end_ids(conn, trial.id, parent.seq)
-                try:
-                    delta = renderer.delta(
-                        messages,
-                        request.tools,
-                        covered=parent.covered,
-                        last_sampled_id=parent.last_sampled_id,
-                    )
-                except TemplateFork as exc:
-                    continuity.reason, continuity.diverged_at, continuity.compared_with = (
-                        str(exc),
-                        parent.covered,
-                        parent.seq,
-                    )
-                    parent = None
-                else:
-                    prompt = np.concatenate([parent_ids, np.asarray(delta, dtype=np.int32)])
-                    continuity.extends = parent.seq
-                    continuity.reused_tokens, continuity.template_tokens = len(parent_ids), len(delta)
+            try:
+                delta = renderer.delta(
+                    messages,
+                    request.tools,
+                    covered=parent.covered,
+                    last_sampled_id=parent.last_sampled_id,
+                )
+            except TemplateFork as exc:
+                continuity.reason, continuity.diverged_at, continuity.compared_with = (
+                    str(exc),
+                    parent.covered,
+                    parent.seq,
+                )
+                parent = None
+            else:
+                prompt = np.concatenate([parent_ids, np.asarray(delta, dtype=np.int32)])
+                continuity.extends = parent.seq
+                continuity.reused_tokens, continuity.template_tokens = len(parent_ids), len(delta)
         unexplained: list[Message] | None = None
         if prompt is None:
             delta = renderer.fresh(messages, request.tools)
@@ -544,6 +568,27 @@ class ProxyCore:
             unexplained=unexplained,
         )
 
+    async def _start(
+        self, db: AsyncTrials | None, trial_id: str, prepared: _Prepared, wire: str, streamed: bool
+    ) -> _Started:
+        """``_record_start``, from the event loop when it can (a new segment to explain cannot).
+
+        Raises:
+            TrialNotFound, TrialEnded.
+        """
+        if db is None or prepared.unexplained is not None:
+            return await self._in_thread(self._record_start, trial_id, prepared, wire, streamed)
+        started_at = datetime.now(UTC)
+        seq = await db.add_call(trial_id, started_at=started_at, **_pending(prepared, wire, streamed))
+        if seq is None:
+            await self._in_thread(self._raise_closed, trial_id)
+            raise AssertionError("unreachable: the trial was not open")
+        return _Started(seq=seq, started_at=started_at, prepared=prepared)
+
+    def _raise_closed(self, trial_id: str) -> NoReturn:
+        with self._early.connect() as conn:
+            trials.raise_closed(conn, trial_id)
+
     def _record_start(self, trial_id: str, prepared: _Prepared, wire: str, streamed: bool) -> _Started:
         """Record the call as pending; its seq.
 
@@ -555,31 +600,21 @@ class ProxyCore:
         Raises:
             TrialNotFound, TrialEnded.
         """
-        continuity, parent = prepared.continuity, prepared.parent
+        continuity = prepared.continuity
         with self._early.connect() as conn:
             if prepared.unexplained is not None:
                 _explain_new_segment(conn, trial_id, prepared.hashes, prepared.unexplained, continuity)
             started_at = datetime.now(UTC)
-            seq = trials.add_call(
-                conn,
-                trial_id,
-                parent=parent,
-                wire=wire,
-                streamed=streamed,
-                message_hashes=prepared.hashes,
-                delta_ids=prepared.delta,
-                prompt_tokens=len(prepared.prompt_ids),
-                continuity=continuity.as_dict(),
-                messages=prepared.messages,
-                started_at=started_at,
-            )
+            seq = trials.add_call(conn, trial_id, started_at=started_at, **_pending(prepared, wire, streamed))
             conn.commit()
         return _Started(seq=seq, started_at=started_at, prepared=prepared)
 
-    async def _fail_recorded(self, trial_id: str, recording: Future[_Started], exc: BaseException, seen: bool) -> None:
+    async def _fail_recorded(
+        self, trial_id: str, recording: asyncio.Future[_Started], exc: BaseException, seen: bool
+    ) -> None:
         """Record a call's failure once its start is recorded (none to record if its start failed)."""
         try:
-            started = await asyncio.wrap_future(recording)
+            started = await recording
         except BaseException:  # noqa: BLE001 - the start's own failure is the one being raised
             return
         await self._in_thread(self._fail, trial_id, started.seq, exc, seen)
@@ -672,28 +707,44 @@ class ProxyCore:
             prompt_text=given if isinstance(given, str) else None,
         )
 
-    def _finish(
-        self, trial_id: str, started: _Started, *, end: Callable[[], tuple[bytes, dict[str, Any]]], **record: Any
+    async def _finish(
+        self,
+        db: AsyncTrials | None,
+        trial_id: str,
+        started: _Started,
+        *,
+        reply: Reply,
+        end: Callable[[], tuple[bytes, dict[str, Any]]],
+        **record: Any,
     ) -> None:
-        """``end``: the call's end hash and what its reply's record adds to the reply (computed
-        here, off the event loop)."""
-        reply: Reply = record.pop("reply")
+        """Record the call's answer, durably. ``end``: the call's end hash and what its reply's
+        record adds to the reply.
+
+        Raises:
+            TrialEnded: the call was no longer pending (its trial ended).
+        """
         parent = started.prepared.parent
-        end_hash, extra = end()
-        with self.engine.begin() as conn:
-            done = trials.finish_call(
-                conn,
-                trial_id,
-                started.seq,
-                parent_seq=parent.seq if parent is not None else None,
-                finish_reason=reply.finish_reason,
-                reply={**reply.model_dump(mode="json"), **extra},
-                end_hash=end_hash,
-                **record,
-            )
+        parent_seq = parent.seq if parent is not None else None
+
+        def values() -> dict[str, Any]:
+            end_hash, extra = end()
+            reply_record = {**reply.model_dump(mode="json"), **extra}
+            return {"finish_reason": reply.finish_reason, "reply": reply_record, "end_hash": end_hash, **record}
+
+        def finish(known: dict[str, Any] | None) -> bool:
+            with self.engine.begin() as conn:
+                return trials.finish_call(conn, trial_id, started.seq, parent_seq=parent_seq, **(known or values()))
+
+        if db is None:
+            done = await self._in_thread(finish, None)
+        else:
+            known = values()
+            done = await db.finish_call(trial_id, started.seq, parent_seq=parent_seq, **known)
+            if not done:  # a branch, or no longer pending: the sync finish tells which
+                done = await self._in_thread(finish, known)
         if not done:
             raise trials.TrialEnded(f"trial {trial_id!r} ended while call {started.seq} was generating")
-        metrics.record_proxy_call(self.balancer.redis, "ok")
+        self._pool.submit(metrics.record_proxy_call, self.balancer.redis, "ok")
         ids = np.concatenate([started.prepared.prompt_ids, np.asarray(record["sampled_ids"], dtype=np.int32)])
         self._ids.put((trial_id, started.seq, started.started_at), ids)
 
@@ -708,6 +759,27 @@ class ProxyCore:
                 trials.fail_call(conn, trial_id, seq, error, seen=seen)
         except Exception:  # the database is what failed: the pending row says the outcome is unknown
             log.exception("could not record the failure of call %s of trial %s", seq, trial_id)
+
+
+class _NotLookedUp:
+    """The event loop did not look up the call's parent: the thread preparing the call does."""
+
+
+_NOT_LOOKED_UP = _NotLookedUp()
+
+
+def _pending(prepared: _Prepared, wire: str, streamed: bool) -> dict[str, Any]:
+    """What ``trials.add_call`` records of a call's start (but its start time)."""
+    return {
+        "parent": prepared.parent,
+        "wire": wire,
+        "streamed": streamed,
+        "message_hashes": prepared.hashes,
+        "delta_ids": prepared.delta,
+        "prompt_tokens": len(prepared.prompt_ids),
+        "continuity": prepared.continuity.as_dict(),
+        "messages": prepared.messages,
+    }
 
 
 def _sampled(tokenizer: Any, item: StreamDelta) -> Sampled:

@@ -1,7 +1,9 @@
-"""A trial's calls against both databases: the start and finish statements the proxy runs per call."""
+"""A trial's calls against both databases: the start and finish statements the proxy runs per call,
+as SQLAlchemy runs them and (PostgreSQL) as the proxy's event loop does (``farm.db.async_trials``)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +13,7 @@ from sqlalchemy import Engine
 
 from farm.config import Settings
 from farm.db import trials
+from farm.db.async_trials import AsyncTrials
 from farm.db.session import make_engine, make_session_factory, transaction
 from farm.proxy import record
 
@@ -25,6 +28,24 @@ def engine(db_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def sessions(engine: Engine) -> Any:
     return make_session_factory(engine)
+
+
+@pytest.fixture(params=["sync", "loop"])
+def on_loop(
+    request: pytest.FixtureRequest, db_url: str
+) -> Iterator[tuple[AsyncTrials, asyncio.AbstractEventLoop] | None]:
+    """None: the statements through SQLAlchemy; else an AsyncTrials on its loop (PostgreSQL only)."""
+    if request.param == "sync":
+        yield None
+        return
+    if not db_url.startswith("postgresql"):
+        pytest.skip("the event loop's statements are PostgreSQL's")
+    loop = asyncio.new_event_loop()
+    db = AsyncTrials(db_url, max_size=2)
+    assert loop.run_until_complete(db.here()) is db  # its pools open on this loop
+    yield db, loop
+    loop.run_until_complete(db.close())
+    loop.close()
 
 
 def _hashes(*texts: str) -> list[bytes]:
@@ -42,7 +63,30 @@ def _open(sessions: Any) -> str:
         return trial.id
 
 
-def _start(engine: Engine, trial_id: str, hashes: list[bytes], *, ids: tuple[int, ...] = (1, 2)) -> tuple[int, Any]:
+OnLoop = tuple[AsyncTrials, asyncio.AbstractEventLoop] | None
+
+
+def _start(
+    engine: Engine, trial_id: str, hashes: list[bytes], *, ids: tuple[int, ...] = (1, 2), on_loop: OnLoop = None
+) -> tuple[int, Any]:
+    if on_loop is not None:
+        db, loop = on_loop
+        parent = loop.run_until_complete(db.find_parent(trial_id, hashes))
+        started = db.add_call(
+            trial_id,
+            parent=parent,
+            wire="openai.chat",
+            streamed=False,
+            message_hashes=hashes,
+            delta_ids=list(ids),
+            prompt_tokens=len(ids),
+            continuity={"extends": parent.seq if parent else None},
+        )
+        seq = loop.run_until_complete(started)
+        if seq is None:  # as the proxy does: the sync function says why
+            with engine.connect() as conn:
+                trials.raise_closed(conn, trial_id)
+        return seq, parent
     with engine.connect() as conn:
         parent = trials.find_parent(conn, trial_id, hashes)
         seq = trials.add_call(
@@ -60,23 +104,35 @@ def _start(engine: Engine, trial_id: str, hashes: list[bytes], *, ids: tuple[int
     return seq, parent
 
 
-def _finish(engine: Engine, trial_id: str, seq: int, parent: Any, end_hash: bytes, content: str = "ok") -> bool:
+def _finish(
+    engine: Engine,
+    trial_id: str,
+    seq: int,
+    parent: Any,
+    end_hash: bytes,
+    content: str = "ok",
+    *,
+    on_loop: OnLoop = None,
+) -> bool:
+    values: dict[str, Any] = {
+        "parent_seq": parent.seq if parent else None,
+        "sampled_ids": [7, 8, 9],
+        "logprobs": [-0.1, -0.2, -0.3],
+        "finish_reason": "stop",
+        "reply": {"content": content, "tool_calls": [], "finish_reason": "stop", "stop_string": None},
+        "end_hash": end_hash,
+        "backend_id": "b",
+        "first_token_s": 0.01,
+        "latency_s": 0.1,
+        "weight_versions": [(0, 0, 3)],
+    }
+    if on_loop is not None:
+        db, loop = on_loop
+        if loop.run_until_complete(db.finish_call(trial_id, seq, **values)):
+            return True
+        # False: a branch or a call no longer pending; the sync function tells which, as in the proxy.
     with engine.begin() as conn:
-        return trials.finish_call(
-            conn,
-            trial_id,
-            seq,
-            parent_seq=parent.seq if parent else None,
-            sampled_ids=[7, 8, 9],
-            logprobs=[-0.1, -0.2, -0.3],
-            finish_reason="stop",
-            reply={"content": content, "tool_calls": [], "finish_reason": "stop", "stop_string": None},
-            end_hash=end_hash,
-            backend_id="b",
-            first_token_s=0.01,
-            latency_s=0.1,
-            weight_versions=[(0, 0, 3)],
-        )
+        return trials.finish_call(conn, trial_id, seq, **values)
 
 
 def _calls(sessions: Any, trial_id: str) -> list[Any]:
@@ -84,13 +140,15 @@ def _calls(sessions: Any, trial_id: str) -> list[Any]:
         return trials.calls(session, trial_id)
 
 
-def test_trials_a_call_that_extends_a_finished_one_finds_it_as_its_parent(engine: Engine, sessions: Any) -> None:
+def test_trials_a_call_that_extends_a_finished_one_finds_it_as_its_parent(
+    engine: Engine, sessions: Any, on_loop: OnLoop
+) -> None:
     trial_id = _open(sessions)
     user, reply, user2, reply2, user3 = _hashes("u", "a", "u2", "a2", "u3")
     # Its reply holds a NUL: PostgreSQL's JSON text cannot, so the reply is never read in SQL.
-    first, _ = _start(engine, trial_id, [user])
-    assert _finish(engine, trial_id, first, None, reply, content="a\x00b")
-    second, parent = _start(engine, trial_id, [user, reply, user2], ids=(3,))
+    first, _ = _start(engine, trial_id, [user], on_loop=on_loop)
+    assert _finish(engine, trial_id, first, None, reply, content="a\x00b", on_loop=on_loop)
+    second, parent = _start(engine, trial_id, [user, reply, user2], ids=(3,), on_loop=on_loop)
     assert parent is not None and parent.started_at == _calls(sessions, trial_id)[first].started_at
     assert parent == trials.Parent(
         seq=first,
@@ -99,9 +157,9 @@ def test_trials_a_call_that_extends_a_finished_one_finds_it_as_its_parent(engine
         last_sampled_id=9,
         started_at=parent.started_at,
     )
-    assert _finish(engine, trial_id, second, parent, reply2)
+    assert _finish(engine, trial_id, second, parent, reply2, on_loop=on_loop)
     # The longest covered prefix wins, the latest call among equals.
-    third, parent = _start(engine, trial_id, [user, reply, user2, reply2, user3], ids=(4,))
+    third, parent = _start(engine, trial_id, [user, reply, user2, reply2, user3], ids=(4,), on_loop=on_loop)
     assert parent is not None and (parent.seq, parent.covered) == (second, 4)
     with engine.connect() as conn:
         assert trials.end_ids(conn, trial_id, second).tolist() == [1, 2, 7, 8, 9, 3, 7, 8, 9]
@@ -116,16 +174,18 @@ def test_trials_a_call_that_extends_a_finished_one_finds_it_as_its_parent(engine
     assert segment.loss_mask.tolist() == [0, 0, 1, 1, 1, 0, 1, 1, 1]
 
 
-def test_trials_a_second_finished_child_of_one_parent_is_a_branch(engine: Engine, sessions: Any) -> None:
+def test_trials_a_second_finished_child_of_one_parent_is_a_branch(
+    engine: Engine, sessions: Any, on_loop: OnLoop
+) -> None:
     trial_id = _open(sessions)
     user, reply, user2, reply2 = _hashes("u", "a", "u2", "a2")
-    first, _ = _start(engine, trial_id, [user])
-    _finish(engine, trial_id, first, None, reply)
+    first, _ = _start(engine, trial_id, [user], on_loop=on_loop)
+    _finish(engine, trial_id, first, None, reply, on_loop=on_loop)
     # Two samples of the same next turn: both start as children in the parent's segment.
-    one, parent = _start(engine, trial_id, [user, reply, user2])
-    other, _ = _start(engine, trial_id, [user, reply, user2])
-    assert _finish(engine, trial_id, other, parent, reply2)
-    assert _finish(engine, trial_id, one, parent, reply2)
+    one, parent = _start(engine, trial_id, [user, reply, user2], on_loop=on_loop)
+    other, _ = _start(engine, trial_id, [user, reply, user2], on_loop=on_loop)
+    assert _finish(engine, trial_id, other, parent, reply2, on_loop=on_loop)
+    assert _finish(engine, trial_id, one, parent, reply2, on_loop=on_loop)
     by_seq = {c.seq: c for c in _calls(sessions, trial_id)}
     assert by_seq[other].segment == 0 and "branch" not in by_seq[other].continuity
     assert by_seq[one].segment == 1
@@ -134,15 +194,15 @@ def test_trials_a_second_finished_child_of_one_parent_is_a_branch(engine: Engine
     assert branched == {"extends": first, "branch": True, "sibling": other}
 
 
-def test_trials_a_call_of_an_ended_trial_is_refused(engine: Engine, sessions: Any) -> None:
+def test_trials_a_call_of_an_ended_trial_is_refused(engine: Engine, sessions: Any, on_loop: OnLoop) -> None:
     trial_id = _open(sessions)
     (user,) = _hashes("u")
-    seq, _ = _start(engine, trial_id, [user])
+    seq, _ = _start(engine, trial_id, [user], on_loop=on_loop)
     with transaction(sessions) as session:
         trials.end(session, trial_id)
-    assert not _finish(engine, trial_id, seq, None, b"x" * 16)
+    assert not _finish(engine, trial_id, seq, None, b"x" * 16, on_loop=on_loop)
     assert _calls(sessions, trial_id)[0].state == "failed"
     with pytest.raises(trials.TrialEnded):
-        _start(engine, trial_id, [user])
+        _start(engine, trial_id, [user], on_loop=on_loop)
     with pytest.raises(trials.TrialNotFound):
-        _start(engine, "no-such-trial", [user])
+        _start(engine, "no-such-trial", [user], on_loop=on_loop)
