@@ -62,10 +62,10 @@ def record_stage(redis: Redis, stage: str, task_type: str, seconds: float) -> No
     _quietly(send)
 
 
-def record_proxy_call(redis: Redis, outcome: str) -> None:
-    """A proxy call the model was asked for ended: ``ok`` (recorded) or ``failed`` (the backend,
-    the database or the client's disconnect ended it)."""
-    _quietly(lambda: redis.hincrby(_PROXY, outcome, 1))
+def record_proxy_call(redis: Redis, outcome: str, count: int = 1) -> None:
+    """``count`` proxy calls the model was asked for ended: ``ok`` (recorded) or ``failed`` (the
+    backend, the database or the client's disconnect ended it)."""
+    _quietly(lambda: redis.hincrby(_PROXY, outcome, count))
 
 
 def record_sandboxes(redis: Redis, node: str, count: int, *, ttl_s: float) -> None:

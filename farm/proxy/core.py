@@ -55,6 +55,9 @@ WORK_THREADS = 64
 #: how long a process trusts a key it has checked (an ended trial is still refused: the call's
 #: own transaction checks that under the trial's lock).
 KEY_CACHE_S = 30.0
+#: how often the count of recorded calls goes to Redis (a round trip per call cost as much CPU as
+#: the call's own statements).
+COUNT_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,8 @@ class ProxyCore:
         self._ids = _IdCache()
         self._pool = ThreadPoolExecutor(max_workers=WORK_THREADS, thread_name_prefix="proxy")
         self._keys: dict[tuple[str, str], tuple[float, TrialContext]] = {}
+        #: calls recorded since the count last went to Redis.
+        self._ok_calls = 0
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -231,6 +236,9 @@ class ProxyCore:
     async def stop(self) -> None:
         """Close the backend clients and the pools (an app's lifespan ends)."""
         await self.clients.aclose()
+        count, self._ok_calls = self._ok_calls, 0
+        if count:
+            await self._in_thread(metrics.record_proxy_call, self.balancer.redis, "ok", count)
         if self._loop_trials is not None:
             await self._loop_trials.close()
         self.close()
@@ -744,9 +752,21 @@ class ProxyCore:
                 done = await self._in_thread(finish, known)
         if not done:
             raise trials.TrialEnded(f"trial {trial_id!r} ended while call {started.seq} was generating")
-        self._pool.submit(metrics.record_proxy_call, self.balancer.redis, "ok")
+        self._count_ok()
         ids = np.concatenate([started.prepared.prompt_ids, np.asarray(record["sampled_ids"], dtype=np.int32)])
         self._ids.put((trial_id, started.seq, started.started_at), ids)
+
+    def _count_ok(self) -> None:
+        """One more recorded call (on the event loop); Redis hears of them within COUNT_EVERY_S."""
+        self._ok_calls += 1
+        if self._ok_calls == 1:
+            asyncio.get_running_loop().call_later(COUNT_EVERY_S, self._send_count)
+
+    def _send_count(self) -> None:
+        """On the event loop: the count so far goes to Redis from a thread."""
+        count, self._ok_calls = self._ok_calls, 0
+        if count:
+            self._pool.submit(metrics.record_proxy_call, self.balancer.redis, "ok", count)
 
     def _fail(self, trial_id: str, seq: int, exc: BaseException, seen: bool) -> None:
         metrics.record_proxy_call(self.balancer.redis, "failed")

@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from farm.proxy.core import COUNT_EVERY_S
 from tests.integration.proxy.conftest import BASH_TOOL, FINAL_TEXT, TOOL_WORD
 from tests.metrics import scrape, value
 
@@ -262,6 +263,8 @@ def test_proxy_calls_are_counted_in_metrics(new_trial: Any, proxy_stack: Any) ->
     def ok_calls() -> float:
         return value(scrape(proxy_stack.settings.api_url, "e2e-token"), "farm_proxy_calls_total", outcome="ok")
 
+    # A process sends its count at most COUNT_EVERY_S after a call: earlier tests' calls land first.
+    time.sleep(COUNT_EVERY_S * 1.5)
     before = ok_calls()
     trial = new_trial()
     with openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"]) as client:
@@ -269,8 +272,8 @@ def test_proxy_calls_are_counted_in_metrics(new_trial: Any, proxy_stack: Any) ->
             client.chat.completions.create(
                 model="farm-tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4
             )
-    # The count goes to Redis after the answer, off the call's path.
     deadline = time.monotonic() + 10
     while ok_calls() < before + 2 and time.monotonic() < deadline:
         time.sleep(0.05)
+    time.sleep(COUNT_EVERY_S * 1.5)  # and nothing more comes
     assert ok_calls() == before + 2
