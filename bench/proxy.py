@@ -14,8 +14,8 @@ alternate, so drift in the machine's speed hits both. Per-request p50 and p99 of
 rounds; ``overhead_ratio`` is the median over rounds of a round's proxy p50 over its direct p50
 (target: at most 1.10, or 2 ms more): one round is ~4 s, and this machine's speed drifts between them.
 With the tiny model on a CPU, the backend's work per call (~9 ms of CPU) is not much more than the
-proxy's own (~4-5 ms), and on a small machine they share the cores: the default ratio measures
-that contention.
+proxy's own (~4 ms, and ~1 ms of PostgreSQL's: ``postgres_cpu_ms_per_call``), and on a small machine
+they share the cores: the default ratio measures that contention.
 ``--step-ms 25`` gives the backend a served model's pace (each decode step lasts 25 ms, waited, not
 computed): the proxy's overhead as a node with a GPU backend sees it. ``--pin`` (Linux) keeps the
 tiny model's pace but gives the backend a core of its own (every other process of the farm, the

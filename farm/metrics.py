@@ -1,11 +1,11 @@
 """The figures only a running process sees, kept where the API's ``/metrics`` can read them.
 
 ``/metrics`` is computed when Prometheus scrapes it: job counts come from PostgreSQL (the truth),
-queue depths and backend load from Redis as they are now. What happens inside a worker or the
-proxy (how long a stage took, how a proxy call ended, how many sandboxes a node holds) is added
-to Redis hashes here, one pipelined round trip per event. Redis may lose them: a counter that
-starts again at zero is a reset, which Prometheus's ``rate()`` already expects, and a node's
-sandbox count expires with the node.
+queue depths and backend load from Redis as they are now. What happens inside a worker or the proxy
+(how long a stage took, how a proxy call ended, how many sandboxes a node holds) is added to Redis
+hashes here, one pipelined round trip per event (the proxy's recorded calls: one a second). Redis
+may lose them: a counter that starts again at zero is a reset, which Prometheus's ``rate()``
+already expects, and a node's sandbox count expires with the node.
 """
 
 from __future__ import annotations

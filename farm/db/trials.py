@@ -310,38 +310,15 @@ def _add_call_statement() -> Any:
 ADD_CALL = _add_call_statement()
 
 
-def add_call(
-    conn: Connection,
-    trial_id: str,
-    *,
-    parent: Parent | None,
-    wire: str,
-    streamed: bool,
-    message_hashes: Sequence[bytes],
-    delta_ids: Sequence[int],
-    prompt_tokens: int,
-    continuity: dict[str, Any],
-    messages: list[dict[str, Any]] | None = None,
-    started_at: datetime | None = None,
-) -> int:
+def add_call(conn: Connection, trial_id: str, **start: Any) -> int:
     """Record a call as started (state ``pending``), taking its seq and, without a parent, a new
-    segment; returns the seq. The caller commits (on SQLite: the two statements are one transaction).
+    segment; returns the seq. ``start``: ``pending_params``'s keywords. The caller commits (on
+    SQLite: the two statements are one transaction).
 
     Raises:
         TrialNotFound, TrialEnded.
     """
-    pending = pending_params(
-        trial_id,
-        parent=parent,
-        wire=wire,
-        streamed=streamed,
-        message_hashes=message_hashes,
-        delta_ids=delta_ids,
-        prompt_tokens=prompt_tokens,
-        continuity=continuity,
-        messages=messages,
-        started_at=started_at,
-    )
+    pending = pending_params(trial_id, **start)
     if conn.dialect.name == "postgresql":
         seq = conn.execute(ADD_CALL, pending).scalar_one_or_none()
         if seq is None:
@@ -350,6 +327,7 @@ def add_call(
     taken = conn.execute(_TAKE_SEQ, {k: pending[k] for k in ("_trial_id", "_new_segment")}).one_or_none()
     if taken is None:
         raise_closed(conn, trial_id)
+    parent = start["parent"]
     segment = taken.last_segment if parent is None else parent.segment
     row = {name: pending[name] for name in _PENDING_COLUMNS}
     conn.execute(_INSERT_PENDING, {**row, "seq": taken.seq, "segment": segment})
@@ -439,26 +417,11 @@ _NEW_SEGMENT = (
 _FINISH_BRANCH = update(CALLS).where(_PENDING_CALL).values(state="done")
 
 
-def finish_call(
-    conn: Connection,
-    trial_id: str,
-    seq: int,
-    *,
-    parent_seq: int | None,
-    sampled_ids: Sequence[int],
-    logprobs: Sequence[float],
-    finish_reason: str,
-    reply: dict[str, Any],
-    end_hash: bytes,
-    backend_id: str | None,
-    first_token_s: float | None,
-    latency_s: float,
-    weight_versions: Sequence[Sequence[int]] = (),
-    continuity: dict[str, Any] | None = None,
-) -> bool:
+def finish_call(conn: Connection, trial_id: str, seq: int, *, parent_seq: int | None, **finish: Any) -> bool:
     """Record what the call sampled and answered. False when the call was not pending any more.
-    The caller commits, durably: the harness gets the answer only after that. ``continuity``
-    replaces the entry the call's start wrote, when its finish has more to say (None keeps it).
+    ``finish``: ``finished_params``'s keywords. The caller commits, durably: the harness gets the
+    answer only after that. ``continuity`` replaces the entry the call's start wrote, when its
+    finish has more to say (None keeps it).
 
     A call whose parent already has a finished child in the parent's segment (a retry, or a second
     continuation of the same history) is a branch: it moves to a segment of its own. This is decided
@@ -469,18 +432,8 @@ def finish_call(
     """
     if parent_seq is not None:
         conn.execute(LOCK_TRIAL, {"_trial_id": trial_id})
-    finished = finished_params(
-        sampled_ids=sampled_ids,
-        logprobs=logprobs,
-        finish_reason=finish_reason,
-        reply=reply,
-        end_hash=end_hash,
-        backend_id=backend_id,
-        first_token_s=first_token_s,
-        latency_s=latency_s,
-        weight_versions=weight_versions,
-        continuity=continuity,
-    )
+    finished = finished_params(**finish)
+    continuity = finish.get("continuity")
     call = {"_trial_id": trial_id, "_seq": seq}
     if conn.execute(FINISH, {**call, **finished}).first() is not None:
         return True

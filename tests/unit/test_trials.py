@@ -69,37 +69,28 @@ OnLoop = tuple[AsyncTrials, asyncio.AbstractEventLoop] | None
 def _start(
     engine: Engine, trial_id: str, hashes: list[bytes], *, ids: tuple[int, ...] = (1, 2), on_loop: OnLoop = None
 ) -> tuple[int, Any]:
+    def start(parent: Any) -> dict[str, Any]:
+        return {
+            "parent": parent,
+            "wire": "openai.chat",
+            "streamed": False,
+            "message_hashes": hashes,
+            "delta_ids": list(ids),
+            "prompt_tokens": len(ids),
+            "continuity": {"extends": parent.seq if parent else None},
+        }
+
     if on_loop is not None:
         db, loop = on_loop
         parent = loop.run_until_complete(db.find_parent(trial_id, hashes))
-        started = db.add_call(
-            trial_id,
-            parent=parent,
-            wire="openai.chat",
-            streamed=False,
-            message_hashes=hashes,
-            delta_ids=list(ids),
-            prompt_tokens=len(ids),
-            continuity={"extends": parent.seq if parent else None},
-        )
-        seq = loop.run_until_complete(started)
+        seq = loop.run_until_complete(db.add_call(trial_id, **start(parent)))
         if seq is None:  # as the proxy does: the sync function says why
             with engine.connect() as conn:
                 trials.raise_closed(conn, trial_id)
         return seq, parent
     with engine.connect() as conn:
         parent = trials.find_parent(conn, trial_id, hashes)
-        seq = trials.add_call(
-            conn,
-            trial_id,
-            parent=parent,
-            wire="openai.chat",
-            streamed=False,
-            message_hashes=hashes,
-            delta_ids=list(ids),
-            prompt_tokens=len(ids),
-            continuity={"extends": parent.seq if parent else None},
-        )
+        seq = trials.add_call(conn, trial_id, **start(parent))
         conn.commit()
     return seq, parent
 
