@@ -11,7 +11,6 @@ error) goes back to the sync functions, which hold the logic.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,6 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from farm.db import trials
 from farm.db.trials import Parent
 
-log = logging.getLogger(__name__)
 _DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]
 
 
