@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from sqlalchemy.engine import make_url
 
 from farm.config import Settings
 from farm.testing import temporary_database
@@ -24,11 +23,6 @@ REDIS = os.environ.get("FARM_BENCH_REDIS_URL", "redis://127.0.0.1:6379/10")
 def fresh_database() -> contextlib.AbstractContextManager[str]:
     """A new PostgreSQL database migrated to head, dropped afterwards."""
     return temporary_database(POSTGRES, prefix="farm_bench")
-
-
-def libpq_url(url: str) -> str:
-    """A SQLAlchemy PostgreSQL URL as psycopg takes it."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def stack_settings(data_dir: Path, *, redis_url: str, database_url: str, concurrency: dict[str, int]) -> Settings:

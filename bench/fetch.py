@@ -30,7 +30,7 @@ from sqlalchemy import insert, update
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import emit, flushed_redis, fresh_database, libpq_url, stack_settings  # noqa: E402
+from bench._common import emit, flushed_redis, fresh_database, stack_settings  # noqa: E402
 from farm.client import FarmClient, to_arrays  # noqa: E402
 from farm.config import Settings  # noqa: E402
 from farm.constants import BatchState, JobState, Outcome  # noqa: E402
@@ -38,7 +38,12 @@ from farm.db import queries  # noqa: E402
 from farm.db.arrays import FLOAT32, INT32, UINT8, pack_ids, pack_logprobs, pack_mask  # noqa: E402
 from farm.db.base import utcnow  # noqa: E402
 from farm.db.models import Batch, Job, Trajectory  # noqa: E402
-from farm.db.session import make_engine, make_session_factory, transaction  # noqa: E402
+from farm.db.session import (  # noqa: E402
+    libpq_url,  # noqa: E402
+    make_engine,
+    make_session_factory,
+    transaction,
+)
 from farm.embedded import embedded  # noqa: E402
 from farm.schemas import BatchCreate  # noqa: E402
 

@@ -31,8 +31,9 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import POSTGRES, emit, libpq_url  # noqa: E402
+from bench._common import POSTGRES, emit  # noqa: E402
 from bench.overhead import WARMUP, farm_stack, noop_round  # noqa: E402
+from farm.db.session import libpq_url  # noqa: E402
 from farm.embedded import EmbeddedStack  # noqa: E402
 from farm.sandbox import sandbox_root  # noqa: E402
 

@@ -21,11 +21,11 @@ from psycopg.types.json import Json
 from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import JSON
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
-from sqlalchemy.engine import make_url
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from farm.db import trials
+from farm.db.session import libpq_url
 from farm.db.trials import Parent
 
 _DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]
@@ -64,17 +64,12 @@ _FINISH = _Compiled.of(trials.FINISH, ["_trial_id", "_seq", *trials.FINISHED_COL
 _FINISH_CONTINUITY = _Compiled.of(trials.FINISH, ["_trial_id", "_seq", *trials.FINISHED_COLUMNS, "continuity"])
 
 
-def libpq_dsn(url: str) -> str:
-    """A SQLAlchemy URL (``postgresql+psycopg://...``) as libpq reads it."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 class AsyncTrials:
     """Two pools: ``early`` commits without waiting for the disk (a call's pending row, which a
     database crash may lose: see ``ProxyCore._record_start``), ``durable`` waits (a finish)."""
 
     def __init__(self, url: str, *, max_size: int, timeout_s: float = 10.0) -> None:
-        dsn = libpq_dsn(url)
+        dsn = libpq_url(url)
         #: the loop the pools were opened on: they serve no other (a test's client may run several).
         self.loop: asyncio.AbstractEventLoop | None = None
         self._opened: asyncio.Task[None]

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from farm.config import Settings
@@ -32,6 +32,11 @@ def _postgres_engine(url: str, settings: Settings, **options: Any) -> Engine:
         pool_pre_ping=settings.database.pool_pre_ping,
         **options,
     )
+
+
+def libpq_url(url: str) -> str:
+    """A SQLAlchemy PostgreSQL URL (``postgresql+psycopg://...``) as libpq and psycopg take it."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def make_autocommit_engine(settings: Settings, *, url: str | None = None, durable: bool) -> Engine | None:

@@ -740,12 +740,12 @@ class ProxyCore:
             reply_record = {**reply.model_dump(mode="json"), **extra}
             return {"finish_reason": reply.finish_reason, "reply": reply_record, "end_hash": end_hash, **record}
 
-        def finish(known: dict[str, Any] | None) -> bool:
+        def finish(known: dict[str, Any]) -> bool:
             with self.engine.begin() as conn:
-                return trials.finish_call(conn, trial_id, started.seq, parent_seq=parent_seq, **(known or values()))
+                return trials.finish_call(conn, trial_id, started.seq, parent_seq=parent_seq, **known)
 
-        if db is None:
-            done = await self._in_thread(finish, None)
+        if db is None:  # the values too are computed off the event loop
+            done = await self._in_thread(lambda: finish(values()))
         else:
             known = values()
             done = await db.finish_call(trial_id, started.seq, parent_seq=parent_seq, **known)
