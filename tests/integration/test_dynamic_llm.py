@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ def test_stopped_jobs_abort_their_model_requests_and_release_their_slots(slow_st
             tasks, group_size=2, sampling={"seed": 5}, dynamic={"target_groups": 1, "max_groups_in_flight": 4}
         )
         (group,) = list(farm.groups(batch.id, wait_s=30))
-        stopped_at = time.monotonic()
+        stopped_at, stopped_wall = time.monotonic(), datetime.now(UTC)
         assert group.index == 0
 
         url = slow_stack.builtin_url
@@ -76,8 +77,12 @@ def test_stopped_jobs_abort_their_model_requests_and_release_their_slots(slow_st
         assert status.dynamic.end_reason == "target_reached"
         jobs = [farm.job(job_id) for job_id in range(min(batch.job_ids), min(batch.job_ids) + 8)]
         slow = [j for j in jobs if j.batch_id == batch.id and j.group_index > 0]
-        ended = [(j.id, j.group_index, j.state.value, j.reason) for j in slow]
-        assert slow and all(j.state is JobState.CANCELLED and j.reason == "target_reached" for j in slow), ended
+        ended = [(j.id, j.group_index, j.state.value, j.reason, j.finished_at) for j in slow]
+        # The tiny model may sample its end of text early: such a slow job ended by itself, before
+        # the stop. Every one still running at the stop was cancelled for it.
+        by_itself = [j for j in slow if j.state is JobState.DONE and j.finished_at and j.finished_at <= stopped_wall]
+        stopped = [j for j in slow if j not in by_itself]
+        assert stopped and all(j.state is JobState.CANCELLED and j.reason == "target_reached" for j in stopped), ended
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             backends = httpx.get(
