@@ -119,6 +119,20 @@ def lean_client(connections: int) -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=120, transport=transport)
 
 
+async def backend_work(http: httpx.AsyncClient, backend_url: str) -> dict[str, int]:
+    """The built-in backend's work so far: prompt tokens computed (not read from its prefix cache)
+    and forward passes."""
+    counters: dict[str, float] = {}
+    for line in (await http.get(f"{backend_url}/metrics")).text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            counters[name.split("{")[0]] = float(value)
+    return {
+        "prefill_tokens": int(counters["vllm:prompt_tokens_total"] - counters["vllm:prefix_cache_hits_total"]),
+        "forward_passes": int(counters["farm:forward_passes_total"]),
+    }
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -263,16 +277,29 @@ async def run(stack: EmbeddedStack, proxy_url: str, args: argparse.Namespace) ->
         cpu_s = 0.0
         services = ServiceCpu()
         service_s = dict.fromkeys(ServiceCpu.NAMES.values(), 0.0)
+        work = {(side, what): 0 for side in ("proxy", "direct") for what in ("prefill_tokens", "forward_passes")}
+
+        async def count(side: str, since: dict[str, int]) -> None:
+            for what, n in (await backend_work(api, stack.builtin_url)).items():
+                work[side, what] += n - since[what]
+
         for r in range(args.rounds):
             before = cpu_of(proxy_process)
+            since = await backend_work(api, stack.builtin_url)
             latencies, ids = await proxy_round(
                 api, proxy_url, args.trials, args.turns, args.max_tokens, f"r{r}", ready=services.take
             )
             cpu_s += cpu_of(proxy_process) - before
             for name, used in services.take().items():
                 service_s[name] += used
+            await count("proxy", since)
             prompts = await prompts_of(api, ids)
+            # The direct side replays the proxy's prompts: from a backend that keeps them, it would
+            # prefill nothing. Emptied, it prefills what the proxy's calls did (each turn's new tail).
+            await api.post(f"{stack.builtin_url}/reset_prefix_cache")
+            since = await backend_work(api, stack.builtin_url)
             direct = await direct_round(backend, prompts, args.max_tokens)
+            await count("direct", since)
             ratios.append(pct(latencies, 0.5) / pct(direct, 0.5))
             print(
                 f"round {r}: proxy p50 {pct(latencies, 0.5) * 1000:.1f} ms, direct p50 {pct(direct, 0.5) * 1000:.1f} ms"
@@ -290,6 +317,10 @@ async def run(stack: EmbeddedStack, proxy_url: str, args: argparse.Namespace) ->
         figures["overhead_ms"] = round(figures["proxy_p50_ms"] - figures["direct_p50_ms"], 2)
         # The proxy's own CPU per call: on a machine whose cores the backend saturates, what it costs.
         figures["proxy_cpu_ms_per_call"] = round(cpu_s * 1000 / len(proxy_all), 2)
+        # The backend's work per call on each side: prompt tokens computed (equal on both: a fair
+        # comparison) and forward passes (more when calls arrive spread out).
+        for (side, what), n in work.items():
+            figures[f"{side}_{what}_per_call"] = round(n / len(proxy_all), 2)
         # What the calls' records and balancing cost the servers.
         for name, used in service_s.items():
             figures[f"{name}_cpu_ms_per_call"] = round(used * 1000 / len(proxy_all), 2)

@@ -151,6 +151,7 @@ class Engine:
             "generation_tokens": 0,
             "cached_tokens": 0,
             "cache_hits": 0,
+            "forward_passes": 0,
         }
 
     # ---- public API -----------------------------------------------------------------------------
@@ -379,6 +380,7 @@ class Engine:
             return
         try:
             logits = forward(self.model, new, [s.prompt[s.length :] for s in new])
+            self.stats["forward_passes"] += 1
         except Exception as exc:  # a failed prefill must not take the engine thread down
             for seq in new:
                 seq.future.set_exception(exc)
@@ -408,6 +410,7 @@ class Engine:
 
     def _step(self, seqs: list[_Sequence]) -> None:
         logits = forward(self.model, seqs, [[s.out_ids[-1]] for s in seqs])
+        self.stats["forward_passes"] += 1
         for seq, row in zip(seqs, logits, strict=True):
             self._sample(seq, row)
 

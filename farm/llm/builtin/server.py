@@ -325,6 +325,12 @@ def create_app(
         await asyncio.wrap_future(eng.resume())
         return {"status": "resumed"}
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> Response:
+        # vLLM's route (its dev mode): every prompt after this is prefilled in full, as on a fresh start.
+        eng.prefix_cache.clear()
+        return Response(status_code=200)
+
     @app.get("/is_paused")
     async def is_paused() -> dict[str, bool]:
         return {"is_paused": eng.paused}
@@ -382,6 +388,7 @@ def create_app(
             ("vllm:request_success_total", "counter", s["requests"]),
             ("farm:prefix_cache_hit_requests_total", "counter", s["cache_hits"]),
             ("farm:prefix_cache_tokens", "gauge", eng.prefix_cache.tokens),
+            ("farm:forward_passes_total", "counter", s["forward_passes"]),
             ("farm:scripted_requests_total", "counter", s["scripted_requests"]),
             ("farm:sampled_requests_total", "counter", s["requests"] - s["scripted_requests"]),
         ]

@@ -129,18 +129,33 @@ def test_builtin_stops_at_a_stop_token_id(builtin_server, tiny_tokenizer):
     assert stopped.finish_reason is FinishReason.STOP
 
 
-def test_builtin_metrics_count_prefix_cache_hits(builtin_server, tiny_tokenizer):
-    def hits():
-        text = httpx.get(f"{builtin_server.url}/metrics").text
-        found = re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$", text, re.M)
-        assert found is not None, text
-        return float(found.group(1))
+def counter(server, name):
+    text = httpx.get(f"{server.url}/metrics").text
+    found = re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M)
+    assert found is not None, text
+    return float(found.group(1))
 
+
+def test_builtin_metrics_count_prefix_cache_hits(builtin_server, tiny_tokenizer):
     prompt = prompt_of(tiny_tokenizer, "metrics " * 20)
     first = run(generate(builtin_server, prompt, SamplingParams(max_tokens=4, seed=0)))
-    before = hits()
+    before = counter(builtin_server, "vllm:prefix_cache_hits_total")
+    passes = counter(builtin_server, "farm:forward_passes_total")
     run(generate(builtin_server, prompt + first.token_ids + [5, 6], SamplingParams(max_tokens=4)))
-    assert hits() - before >= len(prompt)
+    assert counter(builtin_server, "vllm:prefix_cache_hits_total") - before >= len(prompt)
+    # One pass prefills the prompt's new tail and samples the first id; each other id takes one.
+    assert counter(builtin_server, "farm:forward_passes_total") - passes == 4
+
+
+def test_builtin_reset_prefix_cache_prefills_a_seen_prompt_again(builtin_server, tiny_tokenizer):
+    prompt = prompt_of(tiny_tokenizer, "reset " * 20)
+    first = run(generate(builtin_server, prompt, SamplingParams(max_tokens=4, seed=0)))
+    again = prompt + first.token_ids
+    assert httpx.post(f"{builtin_server.url}/reset_prefix_cache").status_code == 200
+    before = counter(builtin_server, "vllm:prefix_cache_hits_total")
+    second = run(generate(builtin_server, again, SamplingParams(max_tokens=4, seed=0)))
+    assert second.cached_tokens == 0
+    assert counter(builtin_server, "vllm:prefix_cache_hits_total") == before
 
 
 def test_builtin_unknown_model_is_a_clear_404(builtin_server, tiny_tokenizer):
