@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from psycopg import AsyncConnection
+from psycopg.errors import UniqueViolation
 from psycopg.rows import namedtuple_row
 from psycopg.types.json import Json
 from psycopg_pool import AsyncConnectionPool
@@ -59,7 +60,6 @@ class _Compiled:
 
 _PARENT = _Compiled.of(trials.PARENT_ANY)
 _ADD_CALL = _Compiled.of(trials.ADD_CALL)
-_LOCK = _Compiled.of(trials.LOCK_TRIAL)
 _FINISH = _Compiled.of(trials.FINISH, ["_trial_id", "_seq", *trials.FINISHED_COLUMNS])
 _FINISH_CONTINUITY = _Compiled.of(trials.FINISH, ["_trial_id", "_seq", *trials.FINISHED_COLUMNS, "continuity"])
 
@@ -126,14 +126,19 @@ class AsyncTrials:
             row = await (await conn.execute(_ADD_CALL.sql, params, prepare=True)).fetchone()
         return int(row.seq) if row is not None else None
 
-    async def finish_call(self, trial_id: str, seq: int, *, parent_seq: int | None, **finished: Any) -> bool:
+    async def finish_call(self, trial_id: str, seq: int, **finished: Any) -> bool:
         """``trials.finish_call``'s usual case, committed durably: False when the call is not pending
-        or a sibling finished first (``trials.finish_call`` then does the rest)."""
+        or a sibling finished first (``trials.finish_call`` then does the rest).
+
+        One statement, its own transaction, without the trial's lock: a sibling finishing at the
+        same moment is caught by ``uq_trial_calls_done_child`` (the one to commit second fails).
+        """
         values = trials.finished_params(**finished)
         statement = _FINISH_CONTINUITY if "continuity" in values else _FINISH
         params = statement.params({"_trial_id": trial_id, "_seq": seq, **values})
-        async with self.durable.connection() as conn, conn.transaction():
-            if parent_seq is not None:
-                await conn.execute(_LOCK.sql, _LOCK.params({"_trial_id": trial_id}), prepare=True)
-            row = await (await conn.execute(statement.sql, params, prepare=True)).fetchone()
+        async with self.durable.connection() as conn:
+            try:
+                row = await (await conn.execute(statement.sql, params, prepare=True)).fetchone()
+            except UniqueViolation:
+                return False
         return row is not None

@@ -343,6 +343,10 @@ class Trial(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+#: one finished child per parent and segment: a second is a branch (``trials.finish_call``).
+DONE_CHILD_INDEX = "uq_trial_calls_done_child"
+
+
 class TrialCall(Base):
     """One model call of a trial, token-exact. ``delta_ids`` are the prompt tokens beyond the
     parent call's end (the parent's prompt + its sampled ids), or the whole prompt when the call
@@ -351,7 +355,18 @@ class TrialCall(Base):
     later request that extends this conversation finds this call by one index lookup."""
 
     __tablename__ = "trial_calls"
-    __table_args__ = (Index("ix_trial_calls_end", "trial_id", "end_hash"),)
+    __table_args__ = (
+        Index("ix_trial_calls_end", "trial_id", "end_hash"),
+        Index(
+            DONE_CHILD_INDEX,
+            "trial_id",
+            "segment",
+            "parent_seq",
+            unique=True,
+            postgresql_where=text("state = 'done'"),
+            sqlite_where=text("state = 'done'"),
+        ),
+    )
 
     trial_id: Mapped[str] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)

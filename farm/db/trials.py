@@ -21,11 +21,12 @@ from typing import Any, NoReturn, cast
 
 import numpy as np
 from sqlalchemy import ARRAY, Connection, LargeBinary, Table, and_, any_, bindparam, case, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from farm.db.arrays import FLOAT32, INT32
 from farm.db.base import utcnow
-from farm.db.models import Trial, TrialCall
+from farm.db.models import DONE_CHILD_INDEX, Trial, TrialCall
 from farm.errors import Conflict, NotFound
 
 #: ids a harness or trainer may give a trial: they appear in URLs.
@@ -428,14 +429,14 @@ def finish_call(conn: Connection, trial_id: str, seq: int, *, parent_seq: int | 
     here, under the trial's lock, rather than at the start: a sibling that failed or is still
     running (perhaps on a proxy process that died) does not make a retry a branch. The lock comes
     first, in a statement of its own, so the check (the next statement) sees every sibling that
-    finished before it.
+    finished before it under the lock; ``DONE_CHILD_INDEX`` catches one that finished without it.
     """
     if parent_seq is not None:
         conn.execute(LOCK_TRIAL, {"_trial_id": trial_id})
     finished = finished_params(**finish)
     continuity = finish.get("continuity")
     call = {"_trial_id": trial_id, "_seq": seq}
-    if conn.execute(FINISH, {**call, **finished}).first() is not None:
+    if _finished(conn, {**call, **finished}):
         return True
     if parent_seq is None:
         return False
@@ -452,6 +453,22 @@ def finish_call(conn: Connection, trial_id: str, seq: int, *, parent_seq: int | 
     }
     conn.execute(_FINISH_BRANCH, {**call, **finished, "segment": segment, "continuity": entry})
     return True
+
+
+def _finished(conn: Connection, params: dict[str, Any]) -> bool:
+    """``FINISH``: False when the call is not pending, or a sibling finished first. A finish on a
+    proxy's event loop takes no lock (``farm.db.async_trials``): a sibling may commit there between
+    this statement's check and its update, and ``uq_trial_calls_done_child`` then refuses the
+    update; on PostgreSQL it runs in a savepoint, so the transaction goes on to branch the call."""
+    if conn.dialect.name != "postgresql":
+        return conn.execute(FINISH, params).first() is not None
+    try:
+        with conn.begin_nested():
+            return conn.execute(FINISH, params).first() is not None
+    except IntegrityError as exc:
+        if DONE_CHILD_INDEX not in str(exc.orig):
+            raise
+        return False
 
 
 def finished_params(

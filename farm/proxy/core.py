@@ -748,7 +748,7 @@ class ProxyCore:
             done = await self._in_thread(lambda: finish(values()))
         else:
             known = values()
-            done = await db.finish_call(trial_id, started.seq, parent_seq=parent_seq, **known)
+            done = await db.finish_call(trial_id, started.seq, **known)
             if not done:  # a branch, or no longer pending: the sync finish tells which
                 done = await self._in_thread(finish, known)
         if not done:

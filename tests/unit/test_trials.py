@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -95,17 +96,8 @@ def _start(
     return seq, parent
 
 
-def _finish(
-    engine: Engine,
-    trial_id: str,
-    seq: int,
-    parent: Any,
-    end_hash: bytes,
-    content: str = "ok",
-    *,
-    on_loop: OnLoop = None,
-) -> bool:
-    values: dict[str, Any] = {
+def _values(parent: Any, end_hash: bytes, content: str = "ok") -> dict[str, Any]:
+    return {
         "parent_seq": parent.seq if parent else None,
         "sampled_ids": [7, 8, 9],
         "logprobs": [-0.1, -0.2, -0.3],
@@ -117,9 +109,23 @@ def _finish(
         "latency_s": 0.1,
         "weight_versions": [(0, 0, 3)],
     }
+
+
+def _finish(
+    engine: Engine,
+    trial_id: str,
+    seq: int,
+    parent: Any,
+    end_hash: bytes,
+    content: str = "ok",
+    *,
+    on_loop: OnLoop = None,
+) -> bool:
+    values = _values(parent, end_hash, content)
     if on_loop is not None:
         db, loop = on_loop
-        if loop.run_until_complete(db.finish_call(trial_id, seq, **values)):
+        on_loop_values = {k: v for k, v in values.items() if k != "parent_seq"}
+        if loop.run_until_complete(db.finish_call(trial_id, seq, **on_loop_values)):
             return True
         # False: a branch or a call no longer pending; the sync function tells which, as in the proxy.
     with engine.begin() as conn:
@@ -197,3 +203,78 @@ def test_trials_a_call_of_an_ended_trial_is_refused(engine: Engine, sessions: An
         _start(engine, trial_id, [user], on_loop=on_loop)
     with pytest.raises(trials.TrialNotFound):
         _start(engine, "no-such-trial", [user], on_loop=on_loop)
+
+
+def test_trials_siblings_finishing_at_once_without_the_lock_make_a_branch(
+    engine: Engine, sessions: Any, db_url: str
+) -> None:
+    """The event loop's finish takes no lock: a sibling that commits while it runs is caught by the
+    unique index, and the sync finish then branches the call, as if it had come second."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("the event loop's statements are PostgreSQL's")
+    trial_id = _open(sessions)
+    user, reply, user2, reply2 = _hashes("u", "a", "u2", "a2")
+    first, _ = _start(engine, trial_id, [user])
+    _finish(engine, trial_id, first, None, reply)
+    one, parent = _start(engine, trial_id, [user, reply, user2])
+    other, _ = _start(engine, trial_id, [user, reply, user2])
+    values = _values(parent, reply2)
+    loop = asyncio.new_event_loop()
+    db = AsyncTrials(db_url, max_size=2)
+    try:
+        loop.run_until_complete(db.here())
+        with engine.connect() as conn:
+            pending = conn.begin()
+            assert trials.finish_call(conn, trial_id, other, **values)  # under the lock, not committed yet
+            on_loop_values = {k: v for k, v in values.items() if k != "parent_seq"}
+            racing = loop.create_task(db.finish_call(trial_id, one, **on_loop_values))
+            loop.run_until_complete(asyncio.sleep(0.5))
+            assert not racing.done()  # its check passed; its update waits on the index for the sibling
+            pending.commit()
+        assert loop.run_until_complete(racing) is False
+        with engine.begin() as conn:
+            assert trials.finish_call(conn, trial_id, one, **values)
+    finally:
+        loop.run_until_complete(db.close())
+        loop.close()
+    by_seq = {c.seq: c for c in _calls(sessions, trial_id)}
+    assert (by_seq[other].segment, by_seq[other].state) == (0, "done")
+    assert (by_seq[one].segment, by_seq[one].state) == (1, "done")
+    assert by_seq[one].continuity["sibling"] == other
+
+
+def test_trials_a_sync_finish_that_loses_a_race_to_the_loop_branches(
+    engine: Engine, sessions: Any, db_url: str
+) -> None:
+    """The other way round: the sibling on the loop commits while the sync finish (under the lock)
+    runs its update; the index refuses it inside a savepoint and the same transaction branches."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("the event loop's statements are PostgreSQL's")
+    trial_id = _open(sessions)
+    user, reply, user2, reply2 = _hashes("u", "a", "u2", "a2")
+    first, _ = _start(engine, trial_id, [user])
+    _finish(engine, trial_id, first, None, reply)
+    one, parent = _start(engine, trial_id, [user, reply, user2])
+    other, _ = _start(engine, trial_id, [user, reply, user2])
+    values = _values(parent, reply2)
+    finished = trials.finished_params(**{k: v for k, v in values.items() if k != "parent_seq"})
+    with engine.connect() as loop_side, engine.connect() as conn:
+        # The loop's one statement, held open: it has updated its row and not committed.
+        racing = loop_side.begin()
+        assert loop_side.execute(trials.FINISH, {"_trial_id": trial_id, "_seq": other, **finished}).first()
+        done: list[bool] = []
+
+        def finish() -> None:
+            with conn.begin():
+                done.append(trials.finish_call(conn, trial_id, one, **values))
+
+        worker = threading.Thread(target=finish)
+        worker.start()
+        worker.join(0.5)
+        assert worker.is_alive()  # its update waits on the index for the sibling
+        racing.commit()
+        worker.join(10)
+        assert done == [True]
+    by_seq = {c.seq: c for c in _calls(sessions, trial_id)}
+    assert (by_seq[other].segment, by_seq[one].segment) == (0, 1)
+    assert by_seq[one].continuity["sibling"] == other
