@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import redis
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
 from sqlalchemy import Engine
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from farm import __version__
 from farm.config import Settings
 from farm.db.async_trials import AsyncTrials
 from farm.db.session import make_autocommit_engine, make_engine
@@ -25,7 +26,7 @@ from farm.llm.session import ClientPool
 from farm.llm.tokenizer import load_tokenizer
 from farm.proxy.core import ProxyCore
 from farm.proxy.errors import any_sdk_error_body
-from farm.proxy.routes import make_router
+from farm.proxy.routes import proxy_routes
 
 
 def make_core(settings: Settings, *, engine: Engine, balancer: Balancer) -> ProxyCore:
@@ -44,13 +45,13 @@ def make_core(settings: Settings, *, engine: Engine, balancer: Balancer) -> Prox
     )
 
 
-def create_proxy_app(settings: Settings) -> FastAPI:
+def create_proxy_app(settings: Settings) -> Starlette:
     engine = make_engine(settings)
     redis_client = redis.Redis.from_url(settings.redis_url)
     core = make_core(settings, engine=engine, balancer=Balancer.from_settings(redis_client, settings.llm))
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await core.warm()
         try:
             yield
@@ -59,19 +60,22 @@ def create_proxy_app(settings: Settings) -> FastAPI:
             redis_client.close()
             engine.dispose()
 
-    app = FastAPI(title="rollout-farm proxy", version=__version__, lifespan=lifespan, openapi_url=None)
-    app.state.proxy_core = core
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> Response:
         # A harness's SDK reads its own error shape (an unknown route, a method a route does not take).
+        assert isinstance(exc, StarletteHTTPException)
         message = f"{request.method} {request.url.path}: {exc.detail}"
         body = any_sdk_error_body(exc.status_code, message, str(exc.detail).lower().replace(" ", "_"))
         return JSONResponse(body, status_code=exc.status_code, headers=dict(exc.headers or {}))
 
-    @app.get("/health")
-    def health() -> Response:
+    async def health(_: Request) -> Response:
         return Response(status_code=200)
 
-    app.include_router(make_router(lambda request: request.app.state.proxy_core))
+    # Starlette, not FastAPI: the routes are plain (``proxy_routes``), and FastAPI's middleware
+    # would only add CPU to every call.
+    app = Starlette(
+        routes=[Route("/health", health), *proxy_routes(lambda request: request.app.state.proxy_core)],
+        exception_handlers={StarletteHTTPException: http_error},
+        lifespan=lifespan,
+    )
+    app.state.proxy_core = core
     return app
