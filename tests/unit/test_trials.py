@@ -205,11 +205,9 @@ def test_trials_a_call_of_an_ended_trial_is_refused(engine: Engine, sessions: An
         _start(engine, "no-such-trial", [user], on_loop=on_loop)
 
 
-def test_trials_siblings_finishing_at_once_without_the_lock_make_a_branch(
-    engine: Engine, sessions: Any, db_url: str
-) -> None:
-    """The event loop's finish takes no lock: a sibling that commits while it runs is caught by the
-    unique index, and the sync finish then branches the call, as if it had come second."""
+def _two_children(engine: Engine, sessions: Any, db_url: str) -> tuple[str, int, int, dict[str, Any]]:
+    """A trial (PostgreSQL) whose finished first call has two pending children: the trial, the
+    children's seqs and their finish's values."""
     if not db_url.startswith("postgresql"):
         pytest.skip("the event loop's statements are PostgreSQL's")
     trial_id = _open(sessions)
@@ -218,7 +216,15 @@ def test_trials_siblings_finishing_at_once_without_the_lock_make_a_branch(
     _finish(engine, trial_id, first, None, reply)
     one, parent = _start(engine, trial_id, [user, reply, user2])
     other, _ = _start(engine, trial_id, [user, reply, user2])
-    values = _values(parent, reply2)
+    return trial_id, one, other, _values(parent, reply2)
+
+
+def test_trials_siblings_finishing_at_once_without_the_lock_make_a_branch(
+    engine: Engine, sessions: Any, db_url: str
+) -> None:
+    """The event loop's finish takes no lock: a sibling that commits while it runs is caught by the
+    unique index, and the sync finish then branches the call, as if it had come second."""
+    trial_id, one, other, values = _two_children(engine, sessions, db_url)
     loop = asyncio.new_event_loop()
     db = AsyncTrials(db_url, max_size=2)
     try:
@@ -248,15 +254,7 @@ def test_trials_a_sync_finish_that_loses_a_race_to_the_loop_branches(
 ) -> None:
     """The other way round: the sibling on the loop commits while the sync finish (under the lock)
     runs its update; the index refuses it inside a savepoint and the same transaction branches."""
-    if not db_url.startswith("postgresql"):
-        pytest.skip("the event loop's statements are PostgreSQL's")
-    trial_id = _open(sessions)
-    user, reply, user2, reply2 = _hashes("u", "a", "u2", "a2")
-    first, _ = _start(engine, trial_id, [user])
-    _finish(engine, trial_id, first, None, reply)
-    one, parent = _start(engine, trial_id, [user, reply, user2])
-    other, _ = _start(engine, trial_id, [user, reply, user2])
-    values = _values(parent, reply2)
+    trial_id, one, other, values = _two_children(engine, sessions, db_url)
     finished = trials.finished_params(**{k: v for k, v in values.items() if k != "parent_seq"})
     with engine.connect() as loop_side, engine.connect() as conn:
         # The loop's one statement, held open: it has updated its row and not committed.
