@@ -142,7 +142,14 @@ def chaos_scenario(name: str, make_farm, crash_db: str, postgres: PrivatePostgre
             extra=_safe_check(crash_db, batch.id, reader),
         )
     stats = check_batch(crash_db, batch.id, batch.job_ids, reader)
-    assert stats["states"] == {JobState.DONE.value: CHAOS_JOBS}, stats["states"]
+    # A job that did not end done says why (its outcome and reason), with the stage attempts that
+    # did not end ok and the faults injected: a rare failure here must be diagnosable from the log.
+    not_done = [
+        (j["id"], j["state"], j["outcome"], j["reason"]) for j in stats["jobs"] if j["state"] != JobState.DONE.value
+    ]
+    assert stats["states"] == {JobState.DONE.value: CHAOS_JOBS}, (
+        f"{stats['states']}: {not_done}; not_ok_attempts[{stats['not_ok_attempts']}] faults={farm.faults}"
+    )
     assert farm.faults["worker_sigkill"] >= 3
     summary(
         name,
