@@ -51,6 +51,7 @@ from sqlalchemy.engine import make_url
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import emit, flushed_redis, free_port, fresh_database, stack_settings  # noqa: E402
+from farm.api.metrics import sum_samples  # noqa: E402
 from farm.embedded import EmbeddedStack  # noqa: E402
 from farm.llm.client import KEEPALIVE_EXPIRY_S, VLLMClient  # noqa: E402
 from farm.llm.transport import LeanTransport  # noqa: E402
@@ -122,11 +123,8 @@ def lean_client(connections: int) -> httpx.AsyncClient:
 async def backend_work(http: httpx.AsyncClient, backend_url: str) -> dict[str, int]:
     """The built-in backend's work so far: prompt tokens computed (not read from its prefix cache)
     and forward passes."""
-    counters: dict[str, float] = {}
-    for line in (await http.get(f"{backend_url}/metrics")).text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            counters[name.split("{")[0]] = float(value)
+    names = ("vllm:prompt_tokens_total", "vllm:prefix_cache_hits_total", "farm:forward_passes_total")
+    counters = sum_samples((await http.get(f"{backend_url}/metrics")).text.splitlines(), names)
     return {
         "prefill_tokens": int(counters["vllm:prompt_tokens_total"] - counters["vllm:prefix_cache_hits_total"]),
         "forward_passes": int(counters["farm:forward_passes_total"]),

@@ -149,14 +149,14 @@ def _backend_figures(backends: list[Backend]) -> dict[str, dict[str, float]]:
             response.raise_for_status()
         except httpx.HTTPError:
             return None
-        return _parse(response.text.splitlines(), BACKEND_FIGURES.keys())
+        return sum_samples(response.text.splitlines(), BACKEND_FIGURES.keys())
 
     with ThreadPoolExecutor(max_workers=min(16, len(backends))) as pool:
         answers = list(pool.map(scrape, backends))
     return {b.id: figures for b, figures in zip(backends, answers, strict=True) if figures is not None}
 
 
-def _parse(lines: Iterable[str], wanted: Iterable[str]) -> dict[str, float]:
+def sum_samples(lines: Iterable[str], wanted: Iterable[str]) -> dict[str, float]:
     """The sum over label sets of each wanted family (a vLLM with several engines reports each)."""
     wanted = set(wanted)
     totals: dict[str, float] = {}
