@@ -1,5 +1,6 @@
 """The docs stay true to the code: every module is named in docs/layout.md, every setting is in
-docs/operations.md with its default and environment name, and every relative link leads somewhere.
+docs/operations.md with its default and environment name, and every relative link of the READMEs
+and docs/ leads to a file (and heading) that exists.
 
 ``python tests/unit/test_docs.py`` prints the settings table as docs/operations.md holds it, from
 ``farm.config.Settings`` and the ``#:`` comments of farm/config.py.
@@ -53,7 +54,7 @@ def test_layout_names_no_module_that_is_gone():
 
 
 def _markdown_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted(ROOT.glob("*/README.md"))]
 
 
 def _links(text: str) -> Iterator[str]:
