@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_URL = "http://127.0.0.1:8700"
 DEFAULT_TOKEN_DIR = 'Path.home() / ".rollout-farm"'
 
+pytestmark = pytest.mark.integration
+
 
 def _python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.DOTALL)
@@ -34,8 +36,9 @@ def test_readme_has_the_two_quickstart_blocks():
 def test_readme_quickstart_runs_against_a_farm(
     make_stack: Callable[..., EmbeddedStack], tiny_model_dir: Path, tmp_path: Path
 ):
-    # Given a farm like `farm up`'s, its token in a file as `farm up` writes it
-    stack = make_stack(with_llm=True, model_dir=tiny_model_dir)
+    # Given the stack `farm up` starts (its own Valkey, SQLite, the built-in backend), its token in a
+    # file as `farm up` writes it
+    stack = make_stack(redis=None, database=None, with_llm=True, model_dir=tiny_model_dir)
     token = stack.settings.api.token
     assert token is not None
     (tmp_path / "token").write_text(token.get_secret_value() + "\n")
