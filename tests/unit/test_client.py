@@ -25,7 +25,7 @@ from farm.client import (
     UpstreamError,
     to_arrays,
 )
-from farm.client.client import FIRST_PAGE_SIZE, PREFETCH_PAGES, _plan_ahead
+from farm.client.base import FIRST_PAGE_SIZE, PREFETCH_PAGES, _plan_ahead
 from farm.errors import HandlerNotFound
 from farm.schemas import RESULTS_MEDIA_TYPE, ResultsPage
 
