@@ -206,6 +206,21 @@ def test_client_imports_nothing_of_the_server_side():
     assert out.strip() == "[]"
 
 
+def test_only_the_trainer_side_imports_the_client():
+    from tests.unit.test_layers import _imports, _modules
+
+    # What the farm itself runs (workers, proxy, LLM layer) shares code with the client only through layer 0.
+    trainer_side = {"farm.client", "farm.bridges", "farm.cli", "farm.demo", "farm.progress", "farm.report"}
+    server_side = {
+        f"{module} imports {name}"
+        for module, path in _modules()
+        if ".".join(module.split(".")[:2]) not in trainer_side
+        for name in _imports(path)
+        if name == "farm.client" or name.startswith("farm.client.")
+    }
+    assert server_side == set()
+
+
 def test_tasks_asks_for_one_family_or_all_and_parses_them():
     seen: list[str] = []
 
