@@ -25,7 +25,7 @@ from farm.client import (
     UpstreamError,
     to_arrays,
 )
-from farm.client.client import FIRST_PAGE_SIZE, PREFETCH_PAGES, _plan_ahead
+from farm.client.base import FIRST_PAGE_SIZE, PREFETCH_PAGES, _plan_ahead
 from farm.errors import HandlerNotFound
 from farm.schemas import RESULTS_MEDIA_TYPE, ResultsPage
 
@@ -204,6 +204,21 @@ def test_client_imports_nothing_of_the_server_side():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_only_the_trainer_side_imports_the_client():
+    from tests.unit.test_layers import _imports, _modules
+
+    # What the farm itself runs (workers, proxy, LLM layer) shares code with the client only through layer 0.
+    trainer_side = {"farm.client", "farm.bridges", "farm.cli", "farm.demo", "farm.progress", "farm.report"}
+    server_side = {
+        f"{module} imports {name}"
+        for module, path in _modules()
+        if ".".join(module.split(".")[:2]) not in trainer_side
+        for name in _imports(path)
+        if name == "farm.client" or name.startswith("farm.client.")
+    }
+    assert server_side == set()
 
 
 def test_tasks_asks_for_one_family_or_all_and_parses_them():

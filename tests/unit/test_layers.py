@@ -11,8 +11,8 @@ FARM = Path(__file__).resolve().parents[2] / "farm"
 
 #: lowest first; a module may import its own layer and the ones below.
 LAYERS: list[set[str]] = [
-    # ``farm`` itself: its __init__ holds only the version.
-    {"farm", "farm.__version__", "farm.config", "farm.schemas", "farm.constants", "farm.errors"},
+    # ``farm`` itself: its __init__ holds only the version. ``farm.http``: what the client and llm share.
+    {"farm", "farm.__version__", "farm.config", "farm.schemas", "farm.constants", "farm.errors", "farm.http"},
     {
         "farm.db",
         "farm.llm",
@@ -71,7 +71,7 @@ def test_imports_only_run_down_the_layers():
 
 
 def test_the_client_needs_only_the_shared_models():
-    allowed = {"farm.client", "farm.schemas", "farm.errors", "farm.constants"}
+    allowed = {"farm.client", "farm.schemas", "farm.errors", "farm.constants", "farm.http"}
     extra = [
         f"{module} imports {name}"
         for module, path in _modules()
