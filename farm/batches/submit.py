@@ -3,8 +3,8 @@
 The order is the point. Every task's config is checked by its handler's config class first, so a
 bad spec is a 422, not a failed job. The batch is committed before any message is sent (a worker
 must find the rows a message names), and it is marked sent only after the send: a resubmit with the
-same key after a crash between the two sends again. Duplicates are harmless (a stage is claimed
-once); a lost send is not, and the reconciler would only make it good at ``owed_until``.
+same key after a crash between the two sends again, rather than leave the jobs waiting for the
+reconciler to send them at ``owed_until``. Duplicates are harmless: a stage is claimed once.
 """
 
 from __future__ import annotations
