@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from farm.db.arrays import unpack_ids
-from farm.db.queries import ResultRows
+from farm.db.reads import ResultRows
 from farm.schemas import RESULTS_ALIGN, RESULTS_MAGIC, RESULTS_MEDIA_TYPE, ArrayDtype
 
 #: a binary page goes out in writes of about this size: one per piece costs the event loop

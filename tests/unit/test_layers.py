@@ -12,7 +12,16 @@ FARM = Path(__file__).resolve().parents[2] / "farm"
 #: lowest first; a module may import its own layer and the ones below.
 LAYERS: list[set[str]] = [
     # ``farm`` itself: its __init__ holds only the version. ``farm.http``: what the client and llm share.
-    {"farm", "farm.__version__", "farm.config", "farm.schemas", "farm.constants", "farm.errors", "farm.http"},
+    {
+        "farm",
+        "farm.__version__",
+        "farm.config",
+        "farm.schemas",
+        "farm.constants",
+        "farm.errors",
+        "farm.http",
+        "farm.periodic",
+    },
     {
         "farm.db",
         "farm.llm",
@@ -27,6 +36,9 @@ LAYERS: list[set[str]] = [
         "farm.bridges",
         "farm.metrics",
     },
+    # A concept's logic over storage, the LLM layer and the handlers: the API calls it; it reaches
+    # neither the API nor the workers (a batch's INIT is sent through the function it is given).
+    {"farm.weights", "farm.batches"},
     {"farm.api", "farm.worker"},
     {"farm.cli", "farm.embedded", "farm.demo", "farm.progress", "farm.report", "farm.status_view", "farm.__main__"},
 ]
