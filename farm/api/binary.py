@@ -1,7 +1,7 @@
 """The binary results page: the stored array bytes as they are, behind a JSON header.
 
 A client asks for it with ``Accept: application/vnd.farm.results``; everyone else gets JSON.
-The layout (README, "Binary results pages"):
+The layout (docs/api.md, "Binary results pages"):
 
     bytes 0-3     RESULTS_MAGIC, b"FRP1"
     bytes 4-7     H, the header's length in bytes (uint32, little-endian)

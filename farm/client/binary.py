@@ -1,4 +1,4 @@
-"""The binary results page, read side (``farm.api.binary`` writes it; layout: README, "Binary results
+"""The binary results page, read side (``farm.api.binary`` writes it; layout: docs/api.md, "Binary results
 pages"): a JSON header, then the trajectories' arrays as raw little-endian bytes. The arrays stay
 views of the page's buffer, so a page of megabytes is copied once, off the socket.
 """

@@ -179,7 +179,7 @@ class FarmClient(BaseFarmClient[httpx.Client]):
     def pause(
         self, *, mode: PauseMode = "keep", proxy: Literal["wait", "reject"] = "wait", timeout_s: float = 900.0
     ) -> WeightUpdateOut:
-        """Pause every backend for a weight update (see README, "Weight updates"); new turns wait.
+        """Pause every backend for a weight update (docs/trainer.md, "Weight updates"); new turns wait.
         Returns the update: pass its ``id`` to ``load_weights``, ``resume`` or ``rollback``."""
         return self._send(self._build_pause(mode, proxy, timeout_s))
 

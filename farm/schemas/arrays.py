@@ -12,7 +12,7 @@ ArrayEncoding = Literal["b64", "json"]
 ArrayDtype = Literal["int32", "float32", "uint8"]
 _ITEMSIZE: dict[str, int] = {"int32": 4, "float32": 4, "uint8": 1}
 
-#: the binary results page (``Accept: application/vnd.farm.results``), laid out as the README's
+#: the binary results page (``Accept: application/vnd.farm.results``), laid out as docs/api.md's
 #: "Binary results pages" says: MAGIC, a uint32 LE header length, the JSON header, the array bytes.
 RESULTS_MEDIA_TYPE = "application/vnd.farm.results"
 RESULTS_MAGIC = b"FRP1"

@@ -237,7 +237,7 @@ def test_tasks_asks_for_one_family_or_all_and_parses_them():
 
 
 def _binary_body(items: list[dict], arrays: list[tuple[list[int], list[float], list[int]]], **page) -> bytes:
-    """A binary results page built by hand from the README's layout (as a non-Python client reads it)."""
+    """A binary results page built by hand from docs/api.md's layout (as a non-Python client reads it)."""
     data = bytearray()
     trajs = iter(arrays)
     for item in items:

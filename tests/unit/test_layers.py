@@ -1,4 +1,4 @@
-"""The layers the README's layout draws: imports only run downwards, and the trainer's client
+"""The layers docs/layout.md draws: imports only run downwards, and the trainer's client
 stands on the shared models alone. Read from the source, so a lazy import inside a function
 counts too."""
 
