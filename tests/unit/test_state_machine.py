@@ -282,7 +282,9 @@ def claimed(sessions: Sessions, job_id: int, stage: Stage, attempt: int, now: da
     )
 
 
-def complete(sessions: Sessions, claim: claims.Claim, worker: str, output: completions.StageOutput) -> Any:
+def complete(
+    sessions: Sessions, claim: claims.Claim, worker: str, output: completions.StageOutput
+) -> completions.Completion:
     now = utcnow()
     with transaction(sessions) as s:
         return completions.complete_stage(
