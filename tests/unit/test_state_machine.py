@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from farm.config import Settings
 from farm.constants import TERMINAL_STATES, JobState, Stage, StageStatus
-from farm.db import migrate, nodes, queries
+from farm.db import batches, migrate, nodes
 from farm.db.base import utcnow
 from farm.db.jobs import attempts, claims, completions, jobrows, lifecycle
 from farm.db.jobs import statements as sql
@@ -89,8 +89,8 @@ class At:
 def new_jobs(sessions: Sessions, n: int) -> list[int]:
     request = BatchCreate(tasks=[{"type": "echo", "config": {"text": f"t{i}"}} for i in range(n)], group_size=1)
     with transaction(sessions) as s:
-        _, job_ids = queries.create_batch(
-            s, request, idempotency_key=None, digest=queries.request_hash(request), now=utcnow(), owed_until=utcnow()
+        _, job_ids = batches.create_batch(
+            s, request, idempotency_key=None, digest=batches.request_hash(request), now=utcnow(), owed_until=utcnow()
         )
     return job_ids
 
