@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -80,11 +81,11 @@ def test_loop_quota_makes_a_file_system_as_large_as_the_quota_in_a_sparse_image(
 ) -> None:
     # The real mkfs, a stand-in for the mount (which alone needs root): the quota is the size of
     # the file system made, whoever runs this.
-    if disk.shutil.which("mkfs.ext4", path="/usr/sbin:/sbin:/usr/bin:/bin") is None:
+    if shutil.which("mkfs.ext4", path="/usr/sbin:/sbin:/usr/bin:/bin") is None:
         if IN_CI:
             pytest.fail("mkfs.ext4 is not installed (apt-get install e2fsprogs)")
         pytest.skip("mkfs.ext4 is not installed (apt-get install e2fsprogs)")
-    monkeypatch.setattr(disk.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(disk, "mount_argv", lambda *, image, target: ["true"])
     disk.make_loop_fs(tmp_path, size_mb=16)
     image = tmp_path / disk.IMAGE_FILE
@@ -103,9 +104,9 @@ def test_loop_quota_mounts_the_image_it_made_on_the_sandboxs_file_system_dir(
         ran.append((argv, (tmp_path / disk.IMAGE_FILE).stat().st_size))
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(disk.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(disk.shutil, "which", lambda name, path=None: f"/sbin/{name}")
-    monkeypatch.setattr(disk.subprocess, "run", run)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: f"/sbin/{name}")
+    monkeypatch.setattr(subprocess, "run", run)
     disk.make_loop_fs(tmp_path, size_mb=8)
     image = tmp_path / disk.IMAGE_FILE
     assert ran == [
@@ -118,9 +119,9 @@ def test_loop_quota_that_cannot_be_mounted_leaves_no_image(tmp_path: Path, monke
     def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, 0 if "mkfs" in argv[0] else 32, "", "mount: permission denied")
 
-    monkeypatch.setattr(disk.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(disk.shutil, "which", lambda name, path=None: f"/sbin/{name}")
-    monkeypatch.setattr(disk.subprocess, "run", run)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: f"/sbin/{name}")
+    monkeypatch.setattr(subprocess, "run", run)
     with pytest.raises(DiskQuotaUnavailable, match="permission denied"):
         disk.make_loop_fs(tmp_path, size_mb=8)
     assert not (tmp_path / disk.IMAGE_FILE).exists()
