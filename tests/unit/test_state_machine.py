@@ -35,6 +35,8 @@ from farm.schemas import BatchCreate, EvalResult, RunResult, TrajectoryData
 LEASE_S = 30.0
 MAX_ATTEMPTS = 3
 ME, OTHER = "w-me", "w-other"
+#: nodes of this module's own: tests that lose a node share the PostgreSQL database.
+NODE, NEW_NODE = "sm-node-1", "sm-node-2"
 STAGES = list(Stage)
 STATES = list(JobState)
 PREVIOUS = {Stage.INIT: JobState.QUEUED, Stage.RUN: JobState.INIT, Stage.EVAL: JobState.RUN}
@@ -104,7 +106,7 @@ def job_at(jobs: Jobs, at: At, now: datetime) -> int:
         "worker": at.worker,
         "stage_attempts": at.stage_attempts,
         "attempts": at.stage_attempts,
-        "node": "n1",
+        "node": NODE,
         "lease_until": now + timedelta(seconds=LEASE_S if at.lease_live else -1),
         "stage_started_at": now - timedelta(seconds=5) if running else None,
         "stage_data": {"state": {"at": "start"}},
@@ -154,7 +156,7 @@ def test_usual_claim_takes_a_job_only_when_the_stage_before_is_done(
     before = row(machine, job_id)
     with transaction(machine) as s:
         claim = claims.claim_next(
-            s.connection(), job_id=job_id, stage=stage, node="n2", worker=ME, now=now, lease_s=LEASE_S
+            s.connection(), job_id=job_id, stage=stage, node=NEW_NODE, worker=ME, now=now, lease_s=LEASE_S
         )
     after = row(machine, job_id)
     if not usual_claim_rule(stage, at):
@@ -167,7 +169,7 @@ def test_usual_claim_takes_a_job_only_when_the_stage_before_is_done(
         ME,
         1,
     )
-    assert after["node"] == ("n2" if stage is Stage.INIT else "n1")
+    assert after["node"] == (NEW_NODE if stage is Stage.INIT else NODE)
 
 
 # --- every claim: the usual one, then the locking path (claims.claim_stage) ------------------
@@ -206,7 +208,7 @@ def test_claim_grants_skips_or_gives_up_as_the_rule_says(machine: Sessions, jobs
             s.connection(),
             job_id=job_id,
             stage=stage,
-            node="n2",
+            node=NEW_NODE,
             worker=ME,
             now=now,
             lease_s=LEASE_S,
@@ -218,7 +220,7 @@ def test_claim_grants_skips_or_gives_up_as_the_rule_says(machine: Sessions, jobs
         assert claim.skip is not None and not claim.gave_up
         assert after == before
         if at.state in TERMINAL_STATES:  # its sandbox may still be there: the skip says where
-            assert (claim.type, claim.node, claim.state) == ("echo", "n1", {"at": "start"})
+            assert (claim.type, claim.node, claim.state) == ("echo", NODE, {"at": "start"})
     elif expected == "gave up":
         assert claim.gave_up and after["state"] is JobState.FAILED
         assert runs(machine, job_id) == [(stage, at.stage_attempts, StageStatus.LOST, at.worker)]
@@ -275,7 +277,7 @@ def claimed(sessions: Sessions, job_id: int, stage: Stage, attempt: int, now: da
         stage=stage,
         attempt=attempt,
         batch_id=batch_id,
-        node="n1",
+        node=NODE,
         started_at=now - timedelta(seconds=5),
         stage_data={"state": {"at": "start"}},
         created_at=now - timedelta(seconds=60),
@@ -460,10 +462,10 @@ def test_a_cut_off_workers_completion_after_a_node_hand_on_is_refused(machine: S
 def test_a_stage_cannot_be_claimed_while_the_one_before_runs(machine: Sessions, stage: Stage) -> None:
     (job_id,) = new_jobs(machine, 1)
     for earlier in STAGES[: STAGES.index(stage) - 1]:
-        complete(machine, claim(machine, job_id, earlier, worker=ME, node="n1"), ME, output_of(earlier, ME))
-    before = claim(machine, job_id, STAGES[STAGES.index(stage) - 1], worker=ME, node="n1")
+        complete(machine, claim(machine, job_id, earlier, worker=ME, node=NODE), ME, output_of(earlier, ME))
+    before = claim(machine, job_id, STAGES[STAGES.index(stage) - 1], worker=ME, node=NODE)
     assert before.skip is None
-    early = claim(machine, job_id, stage, worker=OTHER, node="n1")
+    early = claim(machine, job_id, stage, worker=OTHER, node=NODE)
     assert early.skip is not None and "not ready" in early.skip
     assert row(machine, job_id)["state"] is RUNNING[before.stage]
 
