@@ -24,7 +24,7 @@ Which module moves each:
   takes its ``finish_seq`` in the same statement.
 - ``lifecycle``: lease renewal, ``retry_stage``, ``fail_stage``, ``cancel_batch``,
   ``expired_leases``.
-- ``jobrows``: the row under all of them: locking, legal moves, finish positions in the batch.
+- ``jobrows``: the row under all of them: its types, locking, legal moves, finish positions in the batch.
 - ``attempts``: what an attempt leaves besides the job row (its ``stage_runs`` row, RUN's
   trajectory).
 - ``statements``: the SQL of the above, built once.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from sqlalchemy import Connection
@@ -14,7 +14,19 @@ from farm.constants import Stage, StageStatus
 from farm.db.arrays import FLOAT32, pack_ids, pack_logprobs, pack_mask, unpack_ids
 from farm.db.base import utcnow
 from farm.db.jobs import statements as sql
+from farm.db.jobs.jobrows import JobRow
 from farm.schemas import EvalResult, RunResult, TrajectoryData
+
+
+class TrajectoryArrays(Protocol):
+    """A row with RUN's episode packed (``sql.TRAJECTORY_ARRAYS``; see ``jobrows`` on row types)."""
+
+    token_ids: bytes
+    logprobs: bytes
+    loss_mask: bytes
+    turn_offsets: bytes
+    weight_versions: list[list[int]]
+    info: dict[str, Any]
 
 
 @dataclass
@@ -52,7 +64,7 @@ def attempt_row(
     }
 
 
-def record_unfinished(session: Connection, job: Any, status: StageStatus, now: datetime, error: str | None) -> None:
+def record_unfinished(session: Connection, job: JobRow, status: StageStatus, now: datetime, error: str | None) -> None:
     """Record the attempt in progress on a locked job row, found ended by someone other than its
     worker (lost, cancelled) or given up by it (retry, error); a job between attempts gets no row."""
     if job.stage_started_at is None or job.state not in sql.STATE_STAGE:
@@ -118,7 +130,7 @@ def load_trajectory(session: Connection, job_id: int) -> TrajectoryData | None:
     return None if row is None else unpack_trajectory(row)
 
 
-def unpack_trajectory(row: Any) -> TrajectoryData:
+def unpack_trajectory(row: TrajectoryArrays) -> TrajectoryData:
     """A trajectory from a row with its packed arrays (see ``sql.TRAJECTORY_ARRAYS``)."""
     return TrajectoryData(
         token_ids=unpack_ids(row.token_ids),

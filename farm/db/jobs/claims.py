@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Row
 
 from farm.constants import TERMINAL_STATES, JobState, Outcome, Stage, StageStatus
 from farm.db.jobs import attempts, jobrows
 from farm.db.jobs import statements as sql
-from farm.db.jobs.jobrows import LOST_ERROR, PREVIOUS_STATE, STAGE_STATE, JobRow
+from farm.db.jobs.jobrows import LOST_ERROR, PREVIOUS_STATE, STAGE_STATE, GrantedRow, TaskJobRow
 from farm.db.sampling import SamplingCache
 from farm.schemas import SamplingParams, TrajectoryData
 
@@ -46,7 +46,7 @@ class Claim:
     reason: str | None = None
 
 
-def _handoff(job: JobRow, stage: Stage, **extra: Any) -> Claim:
+def _handoff(job: TaskJobRow, stage: Stage, **extra: Any) -> Claim:
     """A skipped claim that still carries what a teardown on this node needs."""
     state = dict((job.stage_data or {}).get("state", {}))
     return Claim(
@@ -115,7 +115,8 @@ def claim_next(
     if job is None:
         return None
     sampling = _sampling(conn, job.batch_id, samplings)
-    return _granted(conn, job, stage, attempt=1, now=now, node=job.node, config=job.config, sampling=sampling)
+    trajectory = _returned_trajectory(job) if stage is Stage.EVAL else None
+    return _granted(job, stage, attempt=1, now=now, node=job.node, sampling=sampling, trajectory=trajectory)
 
 
 def _sampling(session: Connection, batch_id: int, samplings: SamplingCache | None) -> SamplingParams:
@@ -142,7 +143,7 @@ def _claim_locked(
 ) -> Claim:
     """The unusual claims, under the job row lock: re-deliveries, lapsed leases, retries, the
     last attempt, stale messages."""
-    job = jobrows.lock(session, job_id, with_task=True)
+    job = jobrows.lock_with_task(session, job_id)
     if job is None:
         return Claim(job_id, stage, skip="no such job")
     if job.state in TERMINAL_STATES:
@@ -178,20 +179,21 @@ def _claim_locked(
     )
     sampling = SamplingParams.model_validate(job.sampling)
     attempt = values["stage_attempts"]
-    node = node if stage is Stage.INIT else job.node
-    return _granted(session, job, stage, attempt=attempt, now=now, node=node, config=job.config, sampling=sampling)
+    # INIT moves the job to this node; a later stage runs where its sandbox is.
+    on = node if stage is Stage.INIT else job.node
+    trajectory = attempts.load_trajectory(session, job.id) if stage is Stage.EVAL else None
+    return _granted(job, stage, attempt=attempt, now=now, node=on, sampling=sampling, trajectory=trajectory)
 
 
 def _granted(
-    session: Connection,
-    job: JobRow,
+    job: GrantedRow,
     stage: Stage,
     *,
     attempt: int,
     now: datetime,
     node: str | None,
-    config: dict[str, Any],
     sampling: SamplingParams,
+    trajectory: TrajectoryData | None,
 ) -> Claim:
     """The claim handed to the stage, from the job row as it was claimed."""
     data = job.stage_data or {}
@@ -201,13 +203,13 @@ def _granted(
         attempt=attempt,
         batch_id=job.batch_id,
         type=job.type,
-        config=dict(config),
+        config=dict(job.config),
         # The handler gets its own copy: what it does to it must not leak into the stored data.
         state=copy.deepcopy(data.get("state", {})),
         sampling=sampling,
         seed=job.seed,
         node=node,
-        trajectory=_trajectory(session, job) if stage is Stage.EVAL else None,
+        trajectory=trajectory,
         started_at=now,
         stage_data=data,
         created_at=job.created_at,
@@ -216,8 +218,6 @@ def _granted(
     )
 
 
-def _trajectory(session: Connection, job: JobRow) -> TrajectoryData | None:
-    """RUN's episode for EVAL: from the claim's own row when its statement read it."""
-    if "token_ids" in job._fields:
-        return attempts.unpack_trajectory(job) if job.token_ids is not None else None
-    return attempts.load_trajectory(session, job.id)
+def _returned_trajectory(row: Row[Any]) -> TrajectoryData | None:
+    """RUN's episode, as EVAL's usual claim read it in its own statement (None: RUN left none)."""
+    return attempts.unpack_trajectory(row) if row.token_ids is not None else None

@@ -7,7 +7,7 @@ Lock order is always job rows first, then the batch row, so two writers cannot d
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Connection
 
@@ -22,15 +22,69 @@ PREVIOUS_STATE = sql.PREVIOUS_STATE
 NEXT_STAGE = {Stage.INIT: Stage.RUN, Stage.RUN: Stage.EVAL}
 #: the error of an attempt whose lease lapsed.
 LOST_ERROR = "the worker stopped renewing its lease (killed or hung)"
-#: a row of the job columns the statements select; Row's variadic generics add nothing over
-#: attribute access here.
-JobRow = Any
 
 
-def lock(session: Connection, job_id: int, *, with_task: bool = False) -> JobRow | None:
-    """The job row, locked; with its group's config and batch's sampling when ``with_task``."""
-    statement = sql.LOCK_JOB_WITH_TASK if with_task else sql.LOCK_JOB
-    return session.execute(statement, {"job_id": job_id}).one_or_none()
+# The row types below say what a statement's row holds, by name: SQLAlchemy's Row types its
+# columns by position only, and answers any attribute with Any. A Row is accepted where one of
+# these is expected, so a statement must select what its row type names; tests/unit/
+# test_state_machine.py checks each against its statement and the model's column types.
+
+
+class GrantedRow(Protocol):
+    """What a claim hands on of the job row: the usual claim's RETURNING (``sql.GRANTED_COLUMNS``
+    and the group's config), or a job row locked with its task."""
+
+    id: int
+    batch_id: int
+    type: str
+    node: str | None
+    seed: int | None
+    stage_data: dict[str, Any]
+    created_at: datetime
+    outcome: Outcome | None
+    reason: str | None
+    config: dict[str, Any]
+
+
+class JobRow(Protocol):
+    """A job row as the state machine reads it (``sql.JOB_COLUMNS``)."""
+
+    id: int
+    batch_id: int
+    group_id: int
+    type: str
+    state: JobState
+    stage_done: bool
+    lease_until: datetime | None
+    worker: str | None
+    stage_attempts: int
+    attempts: int
+    node: str | None
+    seed: int | None
+    stage_data: dict[str, Any]
+    stage_started_at: datetime | None
+    outcome: Outcome | None
+    reason: str | None
+    task_id: str | None
+    created_at: datetime
+    restarts: int
+
+
+class TaskJobRow(JobRow, Protocol):
+    """A job row with its group's task config and its batch's sampling (``sql.LOCK_JOB_WITH_TASK``)."""
+
+    config: dict[str, Any]
+    sampling: dict[str, Any]
+
+
+def lock(session: Connection, job_id: int) -> JobRow | None:
+    """The job row, locked."""
+    return session.execute(sql.LOCK_JOB, {"job_id": job_id}).one_or_none()
+
+
+def lock_with_task(session: Connection, job_id: int) -> TaskJobRow | None:
+    """The job row, locked, with its group's config and its batch's sampling."""
+    return session.execute(sql.LOCK_JOB_WITH_TASK, {"job_id": job_id}).one_or_none()
 
 
 def set_values(session: Connection, job_id: int, **values: Any) -> None:

@@ -19,6 +19,7 @@ Session doubled the cost of a claim) and are built once (see ``farm.db.jobs.stat
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +30,7 @@ from farm.db import teardowns
 from farm.db.base import utcnow
 from farm.db.jobs import attempts, jobrows
 from farm.db.jobs import statements as sql
-from farm.db.jobs.jobrows import LOST_ERROR, STAGE_STATE, STATE_STAGE
+from farm.db.jobs.jobrows import LOST_ERROR, STAGE_STATE, STATE_STAGE, JobRow
 from farm.db.models import Batch, Job, check_transition
 
 
@@ -82,7 +83,7 @@ def cancel_batch(
 
     A dynamic batch that reached its target (or spent its pool) stops this way too, ``ends_as``
     complete: its total becomes the jobs it made (it counted the whole pool until then)."""
-    jobs = session.execute(
+    jobs: Sequence[JobRow] = session.execute(
         select(*sql.JOB_COLUMNS)
         .where(Job.batch_id == batch_id, Job.state.not_in(list(TERMINAL_STATES)))
         .order_by(Job.id)
@@ -141,7 +142,7 @@ def expired_leases(
     # Only a running batch has unfinished jobs. Looking there, through the batch index, spares
     # the job table an index on the lease columns, which would cost every claim and completion.
     running = select(Batch.id).where(Batch.state == BatchState.RUNNING)
-    jobs = session.execute(
+    jobs: Sequence[JobRow] = session.execute(
         select(*sql.JOB_COLUMNS)
         .where(
             Job.batch_id.in_(running),

@@ -29,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.elements import Cast
 
 from farm.constants import BatchState, JobState, Stage
@@ -88,14 +89,17 @@ _CONFIG_OF_GROUP = (
     select(GROUPS.c.config).where(GROUPS.c.id == JOBS.c.group_id).correlate(JOBS).scalar_subquery().label("config")
 )
 UPDATE_JOB = update(JOBS).where(JOBS.c.id == bindparam("_job_id"))
-#: a completion's write, guarded: only while the attempt it claimed is still running.
-UPDATE_OWNED_ATTEMPT = update(JOBS).where(
+#: a completion's guard: the attempt it claimed is still running. The attempt number alone is
+#: not enough: a node's hand-on starts a job over at attempt 0 (``farm.db.nodes``), so a cut-off
+#: worker's attempt can have the number of the new worker's.
+_OWNED_ATTEMPT = (
     JOBS.c.id == bindparam("_job_id"),
     JOBS.c.state == bindparam("_state"),
     JOBS.c.stage_done.is_(False),
     JOBS.c.worker == bindparam("_worker"),
     JOBS.c.stage_attempts == bindparam("_attempt"),
 )
+UPDATE_OWNED_ATTEMPT = update(JOBS).where(*_OWNED_ATTEMPT)
 INSERT_RUN = insert(RUNS)
 RENEW_LEASES = (
     update(JOBS)
@@ -140,7 +144,7 @@ _TRAJECTORY_OF_JOB = [
 ]
 
 
-def _claim_next(stage: Stage) -> Any:
+def _claim_next(stage: Stage) -> ReturningUpdate[Any]:
     """The usual claim: the previous stage is done (so the job is neither cancelled nor finished
     nor claimed by anyone), and the job moves into ``stage`` in one statement."""
     previous, target = PREVIOUS_STATE[stage], STAGE_STATE[stage]
@@ -222,15 +226,14 @@ def complete_owned(stage: Stage, columns: tuple[str, ...], finishes: bool) -> Se
     (the ``guard``), and the batch row only if the guard found it, so the lock order stays job,
     then batch, and a completion that lost its attempt takes no place.
     """
-    guard_where = UPDATE_OWNED_ATTEMPT.whereclause.clauses  # type: ignore[union-attr]
     values: dict[str, Any] = {name: _bind(JOBS, "_set_", name) for name in columns}
     if finishes:
-        guard = select(JOBS.c.id).where(*guard_where).with_for_update().cte("guard")
+        guard = select(JOBS.c.id).where(*_OWNED_ATTEMPT).with_for_update().cte("guard")
         seq = TAKE_FINISH_SEQS.where(exists(select(guard.c.id))).cte("seq")
         values["finish_seq"] = select(seq.c.finished_jobs).scalar_subquery()
         owned_rows = update(JOBS).where(JOBS.c.id.in_(select(guard.c.id)))
     else:
-        owned_rows = update(JOBS).where(*guard_where)
+        owned_rows = update(JOBS).where(*_OWNED_ATTEMPT)
     owned = owned_rows.values(values).returning(JOBS.c.id).cte("owned")
     writes = [
         insert(RUNS)

@@ -83,3 +83,35 @@ def test_delta_does_not_repeat_the_end_marker_a_cut_answer_sampled(tiny_tokenize
     delta = renderer.delta(history, [], covered=2, last_sampled_id=sampled[-1])
     stitched = tiny_tokenizer.decode(prompt + sampled + delta)
     assert "friend.<|im_end|>\n<|im_start|>user\nnext<|im_end|>" in stitched
+
+
+def test_a_template_whose_generation_prompt_is_not_how_it_opens_a_reply_forks(tiny_tokenizer: Any) -> None:
+    class PromptsDifferently:
+        """Like templates whose generation prompt opens a turn that a stored reply does not have
+        (an empty thinking block): the parent's prompt is not a prefix of its history rendered."""
+
+        eos_token_id = tiny_tokenizer.eos_token_id
+
+        def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any:
+            text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in conversation)
+            return text + ("<assistant><think></think>" if kwargs.get("add_generation_prompt") else "")
+
+        def encode(self, text: str, **kwargs: Any) -> list[int]:
+            return list(tiny_tokenizer.encode(text, **kwargs))
+
+        def decode(self, token_ids: Any, **kwargs: Any) -> str:
+            return str(tiny_tokenizer.decode(token_ids, **kwargs))
+
+    renderer = Renderer(PromptsDifferently())
+    history = [
+        Message(role="user", content="a"),
+        Message(role="assistant", content="b"),
+        Message(role="user", content="c"),
+    ]
+    # The new messages extend the rendered history append-only, so only the check of the reply's
+    # own turn can see that the parent's prompt + its reply is not what the template renders.
+    assert renderer.render(history, [], generation_prompt=True).startswith(
+        renderer.render(history[:2], [], generation_prompt=False)
+    )
+    with pytest.raises(TemplateFork, match="differently once a reply follows them"):
+        renderer.delta(history, [], covered=2, last_sampled_id=None)

@@ -116,3 +116,19 @@ def test_bash_output_limit_stops_an_endless_printer_and_the_shell_lives_on(tmp_p
         assert after.output == "1\n" and "shell_restarted" not in after.info
     finally:
         session.close()
+
+
+def test_bash_output_limit_stops_a_command_at_the_limit_not_when_it_ends(tmp_path) -> None:
+    # A command that would end by itself soon after passing the limit: only a stop at the limit
+    # tells it from a command that printed within it (no timeout to wait for either way).
+    session = BashSession(
+        cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin"}, output_cap_bytes=1000, output_limit_bytes=200_000
+    )
+    try:
+        result = session.run("head -c 2000000 /dev/zero | tr '\\0' x; echo END", timeout_s=30)
+        assert result.info.get("output_limit_hit") is True and not result.timed_out
+        assert result.exit_code is None and "limit of 200000 bytes" in (result.error or "")
+        assert "END" not in result.output
+        assert session.run("echo alive").output == "alive\n"
+    finally:
+        session.close()
