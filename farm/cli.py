@@ -481,8 +481,8 @@ def reverify(batch_id: int, force: bool, record: bool, as_json: bool) -> None:
     the agent, and list those whose reward changed. Runs here, on the database and sandbox runtime of
     FARM_* (as a worker would): code and swe graders start sandboxes."""
     from farm.db.session import make_engine
-    from farm.errors import FarmError
-    from farm.worker.reverify import ReverifyRefused, reverify_batch
+    from farm.errors import FarmError, ReverifyRefused
+    from farm.worker.reverify import reverify_batch
 
     settings = _settings()
     engine = make_engine(settings)

@@ -24,14 +24,10 @@ from farm.agent.record import ACTIONS_KEY, digest, keep
 from farm.agent.toolbox import SandboxToolbox
 from farm.constants import Outcome, Stage
 from farm.db.stored import StoredJob
-from farm.errors import FarmError
+from farm.errors import NotReplayable
 from farm.handlers.base import StageContext
 from farm.llm.trajectory import TokenTrajectory
 from farm.schemas import TrajectoryData
-
-
-class NotReplayable(FarmError):
-    """The job holds no action record to replay (not an agent task, or RUN predates the record)."""
 
 
 @dataclass(frozen=True)

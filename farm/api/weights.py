@@ -38,18 +38,22 @@ from farm.db import weights as rows
 from farm.db.base import utcnow
 from farm.db.models import WeightUpdate, WeightUpdateBackend
 from farm.db.session import transaction
-from farm.errors import Conflict, FarmError, InvalidSpec, UpstreamError, UpstreamStatusError
+from farm.errors import (
+    BackendCallFailed,
+    BackendUnreachable,
+    Conflict,
+    FarmError,
+    InvalidSpec,
+    UpstreamError,
+    UpstreamStatusError,
+)
 from farm.llm.balancer import Balancer
-from farm.llm.control import BackendControl, BackendUnreachable, PauseMode
+from farm.llm.control import BackendControl, PauseMode
 from farm.schemas import WeightsOut, WeightUpdateOut
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_PARALLEL_CALLS = 32
-
-
-class BackendCallFailed(UpstreamError):
-    """A backend did not do its part of a weight update (HTTP 502 at the API)."""
 
 
 class WeightUpdater:

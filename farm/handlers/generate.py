@@ -58,7 +58,8 @@ class GenerateHandler(TaskHandler[GenerateConfig]):
         sampling = ctx.sampling.model_copy(
             update={"seed": ctx.seed, "max_tokens": config.max_tokens or ctx.sampling.max_tokens}
         )
-        from farm.llm.session import Cancelled, until_cancelled
+        from farm.errors import Cancelled
+        from farm.llm.session import until_cancelled
 
         async with llm.session(ctx.job_id) as session:
             try:

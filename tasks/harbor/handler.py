@@ -27,14 +27,14 @@ from typing import Any
 from farm.agent.handler import AgentHandler
 from farm.agent.loop import Budgets
 from farm.agent.toolbox import system_prompt
-from farm.errors import SandboxError
+from farm.errors import SandboxError, VerifierError
 from farm.handlers.base import StageContext
 from farm.sandbox.base import Limits, Sandbox, SandboxSpec
 from farm.sandbox.prepared import tree_digest
 from farm.schemas import EvalResult, TrajectoryData
 from tasks.harbor.dataset import HarborConfig
 from tasks.harbor.task import HarborTask
-from tasks.harbor.verifier import MAX_OUTPUT_BYTES, VerifierError, read_reward, seed_workdir
+from tasks.harbor.verifier import MAX_OUTPUT_BYTES, read_reward, seed_workdir
 
 WORKDIR = "/app"
 REWARD_FILES = ("reward.txt", "reward.json")

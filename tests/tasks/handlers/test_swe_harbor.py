@@ -10,10 +10,10 @@ import pytest
 from farm.agent.handler import AgentHandler
 from farm.agent.toolcalls import format_call
 from farm.constants import Outcome
+from farm.errors import VerifierError
 from farm.handlers.registry import get_handler
 from farm.testing import run_stages
 from tasks.harbor.dataset import EXAMPLES_DIR
-from tasks.harbor.verifier import VerifierError
 from tasks.swe.dataset import instances_by_id
 
 INSTANCE = "rollout-farm__semver-1"
