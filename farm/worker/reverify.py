@@ -176,7 +176,8 @@ async def _rescore(
     )
     # The handler gets its own copy of the state, as a stage does.
     result = await asyncio.wait_for(
-        rollout.handler.evaluate(rollout.config, copy.deepcopy(job.state), trajectory, ctx), timeout=timeout_s
+        rollout.handler.evaluate(rollout.config, rollout.handler.load_state(copy.deepcopy(job.state)), trajectory, ctx),
+        timeout=timeout_s,
     )
     return float(result.reward)
 
