@@ -34,7 +34,7 @@ from bench._common import emit, flushed_redis, fresh_database, stack_settings  #
 from farm.client import FarmClient, to_arrays  # noqa: E402
 from farm.config import Settings  # noqa: E402
 from farm.constants import BatchState, JobState, Outcome  # noqa: E402
-from farm.db import queries  # noqa: E402
+from farm.db import batches  # noqa: E402
 from farm.db.arrays import FLOAT32, INT32, UINT8, pack_ids, pack_logprobs, pack_mask  # noqa: E402
 from farm.db.base import utcnow  # noqa: E402
 from farm.db.models import Batch, Job, Trajectory  # noqa: E402
@@ -57,7 +57,7 @@ def seed_batch(url: str, count: int, lo: int, hi: int) -> tuple[int, int]:
     now = utcnow()
     total = 0
     with transaction(sessions) as session:
-        batch, job_ids = queries.create_batch(
+        batch, job_ids = batches.create_batch(
             session, request, idempotency_key=None, digest="bench", now=now, owed_until=now
         )
         for seq, job_id in enumerate(job_ids, start=1):

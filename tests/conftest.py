@@ -47,9 +47,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         # By marker, not keyword: keywords include folder names (a checkout in .../vllm/ would match).
         if item.get_closest_marker("vllm") and not config.getoption("--run-vllm"):
-            item.add_marker(pytest.mark.skip(reason="vLLM test: opt in with --run-vllm (see README)"))
+            item.add_marker(pytest.mark.skip(reason="vLLM test: opt in with --run-vllm (docs/operations.md, Tests)"))
         if item.get_closest_marker("fuzz") and not config.getoption("--run-fuzz"):
-            item.add_marker(pytest.mark.skip(reason="fuzz test: opt in with --run-fuzz (see README)"))
+            item.add_marker(pytest.mark.skip(reason="fuzz test: opt in with --run-fuzz (docs/operations.md, Tests)"))
         if item.get_closest_marker("harness") and not config.getoption("--run-harness"):
             item.add_marker(
                 pytest.mark.skip(reason="real harness test (installs it, minutes): opt in with --run-harness")

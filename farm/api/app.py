@@ -28,7 +28,6 @@ from farm.api.routes import (
     verl_sessions,
     weights,
 )
-from farm.api.weights import WeightUpdater
 from farm.config import Settings
 from farm.db import backends as registry
 from farm.db.session import make_engine, make_session_factory, transaction
@@ -37,6 +36,7 @@ from farm.llm.balancer import Balancer
 from farm.llm.health import HealthChecker
 from farm.proxy.app import make_core
 from farm.proxy.routes import make_router
+from farm.weights.coordinator import WeightUpdater
 from farm.worker.app import make_celery_app
 
 

@@ -1,7 +1,7 @@
 """The binary results page: the stored array bytes as they are, behind a JSON header.
 
 A client asks for it with ``Accept: application/vnd.farm.results``; everyone else gets JSON.
-The layout (README, "Binary results pages"):
+The layout (docs/api.md, "Binary results pages"):
 
     bytes 0-3     RESULTS_MAGIC, b"FRP1"
     bytes 4-7     H, the header's length in bytes (uint32, little-endian)
@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from farm.db.arrays import unpack_ids
-from farm.db.queries import ResultRows
+from farm.db.reads import ResultRows
 from farm.schemas import RESULTS_ALIGN, RESULTS_MAGIC, RESULTS_MEDIA_TYPE, ArrayDtype
 
 #: a binary page goes out in writes of about this size: one per piece costs the event loop

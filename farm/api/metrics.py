@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from farm import metrics
 from farm.api.deps import AppState
 from farm.constants import JobState, Outcome, Stage, queue_name
-from farm.db import queries
+from farm.db import reads
 from farm.db.models import Job, Node
 from farm.llm.balancer import Backend
 from farm.schemas import QueueOut
@@ -46,7 +46,7 @@ def render(state: AppState, db: Session) -> str:
 
 
 def _jobs(out: metrics.Exposition, db: Session) -> None:
-    counts = queries.summary_counts(db)
+    counts = reads.summary_counts(db)
     out.family("farm_jobs", "gauge", "Jobs of running batches, by state.")
     for job_state in JobState:
         out.sample("farm_jobs", counts.get(job_state.value, 0), {"state": job_state.value})

@@ -16,13 +16,14 @@ import functools
 import http.client
 import socket
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import httpx
 import numpy as np
 import numpy.typing as npt
+
+from farm.http import plain_http
 
 #: bytes per read of a body that is not read into a buffer (errors, JSON pages).
 _READ_BYTES = 64 * 1024
@@ -130,12 +131,6 @@ class _Exchange(httpx.SyncByteStream):
             self._pool.put(conn)
         else:
             conn.close()
-
-
-def plain_http(url: httpx.URL) -> bool:
-    """Plain http that httpx would send straight to the server: no proxy from the environment
-    (httpx honours ``HTTP_PROXY``/``ALL_PROXY``; a path of its own that does not steps aside)."""
-    return url.scheme == "http" and not ({"http", "all"} & urllib.request.getproxies().keys())
 
 
 class DirectPages:

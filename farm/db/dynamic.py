@@ -18,7 +18,6 @@ all ended but that nobody decided, after a crash between the two commits) every 
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -28,10 +27,9 @@ from sqlalchemy.orm import Session
 from farm.constants import POLICY_OUTCOMES, TERMINAL_STATES, BatchState, JobState
 from farm.db.jobs import lifecycle
 from farm.db.models import Batch, Group, Job, PassRateRow
+from farm.db.newjobs import insert_jobs
 from farm.dynamic.filters import get_filter, spread
 from farm.schemas import DynamicSampling, PassRate, TaskSpec, task_key
-
-SEED_MODULUS = 2**31 - 1
 
 
 def options_of(batch: Batch) -> DynamicSampling:
@@ -41,12 +39,6 @@ def options_of(batch: Batch) -> DynamicSampling:
 
 def in_flight(options: DynamicSampling) -> int:
     return options.max_groups_in_flight or options.target_groups
-
-
-def _seed(base: int | None, ordinal: int) -> int:
-    if base is None:
-        return secrets.randbelow(SEED_MODULUS)
-    return (base * 1_000_003 + ordinal) % SEED_MODULUS
 
 
 def create_pool(session: Session, batch: Batch, tasks: list[TaskSpec]) -> None:
@@ -91,27 +83,15 @@ def start_groups(session: Session, batch: Batch, slots: int, *, now: datetime, o
             batch.groups_skipped += 1
             out.skipped += 1
             continue
-        rows = [
-            {
-                "batch_id": batch.id,
-                "group_id": group.id,
-                "group_index": group.index,
-                "sample_index": k,
-                "type": group.type,
-                "seed": _seed(seed, group.index * n + k),
-                "state": JobState.QUEUED,
-                "stage_done": True,
-                "attempts": 0,
-                "stage_attempts": 0,
-                "stage_data": {},
-                "created_at": now,
-                "lease_until": owed_until,
-                "task_id": secrets.token_hex(16),
-            }
-            for k in range(n)
-        ]
-        made = session.execute(insert(Job).returning(Job.id, Job.task_id, sort_by_parameter_order=True), rows).all()
-        out.jobs += [(row.id, row.task_id) for row in made]
+        out.jobs += insert_jobs(
+            session,
+            batch_id=batch.id,
+            groups=[(group.id, group.index, group.type)],
+            group_size=n,
+            seed=seed,
+            now=now,
+            owed_until=owed_until,
+        )
         group.state, group.started_at = "running", now
         batch.groups_started += 1
         out.groups += 1

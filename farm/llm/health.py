@@ -7,7 +7,6 @@ checkers at once are harmless because each probe result is applied by one atomic
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -17,6 +16,7 @@ import httpx
 from farm.config import LLMSettings
 from farm.errors import FarmError
 from farm.llm.balancer import Backend, Balancer
+from farm.periodic import Periodic
 
 #: time between two rounds of probes.
 DEFAULT_HEALTH_INTERVAL_S = 5.0
@@ -42,10 +42,15 @@ class HealthChecker:
         self.balancer = balancer
         #: the durable registry (``farm.db.backends.registered``): backends Redis lost are put back.
         self._registered = registered
-        self.interval_s = interval_s
         self._http = httpx.Client(timeout=probe_timeout_s, transport=transport)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._rounds = Periodic(
+            self.run_once,
+            interval_s=interval_s,
+            name="farm-llm-health",
+            what="LLM backend health check",
+            log=log,
+            at_start=True,
+        )
         # (id, url) of backends whose URL cannot be requested at all: logged once, not every round.
         self._unusable: set[tuple[str, str]] = set()
 
@@ -115,20 +120,8 @@ class HealthChecker:
 
     def start(self) -> None:
         """Probe every ``interval_s`` on a daemon thread until ``stop``."""
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="farm-llm-health", daemon=True)
-        self._thread.start()
+        self._rounds.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._rounds.stop()
         self._http.close()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception:  # a Redis hiccup must not end the checker
-                log.exception("LLM backend health check failed")
-            self._stop.wait(self.interval_s)

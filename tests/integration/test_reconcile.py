@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, func, select, update
 from farm.client import FarmClient
 from farm.config import Settings
 from farm.constants import JobState, Outcome, Stage, epoch_key
-from farm.db import nodes, queries
+from farm.db import batches, nodes
 from farm.db.base import utcnow
 from farm.db.jobs import claims, lifecycle
 from farm.db.models import Job, Node, Teardown, Trajectory
@@ -53,7 +53,7 @@ def _batch(reconciler: Reconciler, n: int) -> list[int]:
     request = BatchCreate(tasks=[{"type": "echo", "config": {"text": f"t{i}"}} for i in range(n)])
     now = utcnow()
     with transaction(reconciler._rt.sessions) as s:
-        _, job_ids = queries.create_batch(
+        _, job_ids = batches.create_batch(
             s, request, idempotency_key=None, digest="d", now=now, owed_until=now - timedelta(seconds=1)
         )
     return job_ids

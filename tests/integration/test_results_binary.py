@@ -18,7 +18,7 @@ from farm.api.app import create_app
 from farm.client import FarmClient, to_arrays
 from farm.config import Settings
 from farm.constants import BatchState, JobState, Outcome
-from farm.db import queries
+from farm.db import batches
 from farm.db.arrays import pack_ids, pack_logprobs, pack_mask
 from farm.db.base import utcnow
 from farm.db.models import Batch, Job, Trajectory
@@ -66,7 +66,7 @@ def seed(url: str, *, done: list[int], failed: int = 0, finished: bool = True) -
     total = len(done) + failed + (0 if finished else 1)
     request = BatchCreate(tasks=[{"type": "echo", "config": {"text": "x"}}] * total)
     with transaction(make_session_factory(engine)) as session:
-        batch, job_ids = queries.create_batch(
+        batch, job_ids = batches.create_batch(
             session, request, idempotency_key=None, digest="binary", now=now, owed_until=now
         )
         for seq, job_id in enumerate(job_ids[: len(done) + failed], start=1):

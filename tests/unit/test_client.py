@@ -25,7 +25,7 @@ from farm.client import (
     UpstreamError,
     to_arrays,
 )
-from farm.client.client import FIRST_PAGE_SIZE, PREFETCH_PAGES, _plan_ahead
+from farm.client.base import FIRST_PAGE_SIZE, PREFETCH_PAGES, _plan_ahead
 from farm.errors import HandlerNotFound
 from farm.schemas import RESULTS_MEDIA_TYPE, ResultsPage
 
@@ -206,6 +206,21 @@ def test_client_imports_nothing_of_the_server_side():
     assert out.strip() == "[]"
 
 
+def test_only_the_trainer_side_imports_the_client():
+    from tests.unit.test_layers import _imports, _modules
+
+    # What the farm itself runs (workers, proxy, LLM layer) shares code with the client only through layer 0.
+    trainer_side = {"farm.client", "farm.bridges", "farm.cli", "farm.demo", "farm.progress", "farm.report"}
+    server_side = {
+        f"{module} imports {name}"
+        for module, path in _modules()
+        if ".".join(module.split(".")[:2]) not in trainer_side
+        for name in _imports(path)
+        if name == "farm.client" or name.startswith("farm.client.")
+    }
+    assert server_side == set()
+
+
 def test_tasks_asks_for_one_family_or_all_and_parses_them():
     seen: list[str] = []
 
@@ -222,7 +237,7 @@ def test_tasks_asks_for_one_family_or_all_and_parses_them():
 
 
 def _binary_body(items: list[dict], arrays: list[tuple[list[int], list[float], list[int]]], **page) -> bytes:
-    """A binary results page built by hand from the README's layout (as a non-Python client reads it)."""
+    """A binary results page built by hand from docs/api.md's layout (as a non-Python client reads it)."""
     data = bytearray()
     trajs = iter(arrays)
     for item in items:

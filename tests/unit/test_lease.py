@@ -11,7 +11,7 @@ from redis import Redis
 
 from farm.config import Settings
 from farm.constants import Stage
-from farm.db import queries
+from farm.db import batches
 from farm.db.base import utcnow
 from farm.db.jobs import claims, lifecycle
 from farm.db.models import Job
@@ -31,7 +31,7 @@ def _setup(sqlite_url: str):
     sessions = make_session_factory(engine)
     request = BatchCreate(tasks=[{"type": "echo", "config": {"text": "x"}}], group_size=2)
     with transaction(sessions) as s:
-        _, ids = queries.create_batch(s, request, idempotency_key=None, digest="d", now=utcnow(), owed_until=utcnow())
+        _, ids = batches.create_batch(s, request, idempotency_key=None, digest="d", now=utcnow(), owed_until=utcnow())
     for job_id in ids:
         with engine.begin() as conn:
             claims.claim_stage(

@@ -10,7 +10,7 @@ from sqlalchemy import func, select, update
 
 from farm.config import Settings
 from farm.constants import BatchState, JobState, Outcome, Stage, StageStatus
-from farm.db import queries
+from farm.db import batches, reads
 from farm.db.base import utcnow
 from farm.db.jobs import attempts, claims, completions, lifecycle
 from farm.db.models import Job, StageRun, Trajectory, check_transition
@@ -27,8 +27,8 @@ def make_batch(sessions, n_tasks: int = 1, group_size: int = 2) -> tuple[int, li
         tasks=[{"type": "echo", "config": {"text": f"t{i}"}} for i in range(n_tasks)], group_size=group_size
     )
     with transaction(sessions) as s:
-        batch, job_ids = queries.create_batch(
-            s, request, idempotency_key=None, digest=queries.request_hash(request), now=utcnow(), owed_until=utcnow()
+        batch, job_ids = batches.create_batch(
+            s, request, idempotency_key=None, digest=batches.request_hash(request), now=utcnow(), owed_until=utcnow()
         )
         return batch.id, job_ids
 
@@ -161,7 +161,7 @@ def test_finish_seq_follows_finish_order_and_completes_batch(sessions):
             complete(sessions, claim(sessions, job_id, stage))
     with sessions() as s:
         seqs = {j.id: j.finish_seq for j in s.scalars(select(Job).where(Job.batch_id == batch_id))}
-        status = queries.batch_status(s, batch_id)
+        status = reads.batch_status(s, batch_id)
     assert [seqs[j] for j in reversed(job_ids)] == [1, 2, 3, 4]
     assert status.state is BatchState.COMPLETE and status.finished_jobs == 4
 
@@ -180,7 +180,7 @@ def test_cancel_batch_cancels_unfinished_jobs_and_revokes_only_queued(sessions):
     # b's running stage finds the cancel when it tries to record its result
     assert complete(sessions, running).reason == "cancelled"
     with sessions() as s:
-        status = queries.batch_status(s, batch_id)
+        status = reads.batch_status(s, batch_id)
         seqs = sorted(s.scalars(select(Job.finish_seq).where(Job.batch_id == batch_id)))
     assert status.state is BatchState.CANCELLED and seqs == [1, 2, 3, 4]
 
@@ -269,7 +269,7 @@ def test_a_resent_stage_that_never_arrives_is_resent_again(sessions):
 
 def history(sessions, job_id: int) -> list[tuple]:
     with sessions() as s:
-        return [(h.stage, h.attempt, h.status, h.worker) for h in queries.get_job(s, job_id).stages]
+        return [(h.stage, h.attempt, h.status, h.worker) for h in reads.get_job(s, job_id).stages]
 
 
 def test_running_attempt_shows_in_history_and_gets_its_row_when_it_ends(sessions):
@@ -497,7 +497,7 @@ def test_finishing_completions_in_one_statement_each_take_one_finish_position(db
         durable.dispose()
     with sessions() as s:
         jobs = {j.id: j for j in s.scalars(select(Job).where(Job.batch_id == batch_id))}
-        status = queries.batch_status(s, batch_id)
+        status = reads.batch_status(s, batch_id)
         scored = s.scalars(select(Trajectory.reward).where(Trajectory.job_id.in_(job_ids[:-1]))).all()
     assert sorted(j.finish_seq for j in jobs.values()) == list(range(1, len(job_ids) + 1))
     assert jobs[last].state is JobState.FAILED and jobs[last].outcome is Outcome.SANDBOX_ERROR
@@ -594,7 +594,7 @@ def test_an_older_attempt_that_finishes_the_job_takes_its_finish_position(sessio
     assert complete(sessions, first).finished is JobState.DONE
     with sessions() as s:
         assert s.get_one(Job, job_id).finish_seq == 1
-        assert queries.batch_status(s, batch_id).state is BatchState.COMPLETE
+        assert reads.batch_status(s, batch_id).state is BatchState.COMPLETE
 
 
 def test_retry_or_failure_from_a_worker_that_no_longer_holds_the_stage_changes_nothing(sessions):
@@ -617,7 +617,7 @@ def test_cancel_of_a_finished_batch_leaves_it_complete(sessions):
     with transaction(sessions) as s:
         assert lifecycle.cancel_batch(s.connection(), batch_id=batch_id, now=utcnow(), teardown_due=utcnow()) == []
     with sessions() as s:
-        assert queries.batch_status(s, batch_id).state is BatchState.COMPLETE
+        assert reads.batch_status(s, batch_id).state is BatchState.COMPLETE
 
 
 def test_lease_sweep_leaves_a_completed_stage_to_the_reconciler(sessions):

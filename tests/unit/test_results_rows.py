@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import insert, update
 
 from farm.constants import BatchState, JobState, Outcome
-from farm.db import queries
+from farm.db import batches, reads
 from farm.db.arrays import pack_ids, pack_logprobs, pack_mask
 from farm.db.base import utcnow
 from farm.db.models import Batch, Job, Trajectory
@@ -24,7 +24,7 @@ def seed(sessions) -> tuple[int, list[int]]:
     request = BatchCreate(tasks=[{"type": "echo", "config": {"text": "x"}}] * 4)
     now = utcnow()
     with transaction(sessions) as session:
-        batch, job_ids = queries.create_batch(
+        batch, job_ids = batches.create_batch(
             session, request, idempotency_key=None, digest="rows", now=now, owed_until=now
         )
         finished = [job_ids[2], job_ids[0], job_ids[1]]
@@ -66,8 +66,8 @@ def seed(sessions) -> tuple[int, list[int]]:
 def test_results_rows_reads_finished_jobs_in_finish_order(sessions):
     batch_id, finished = seed(sessions)
     with sessions() as session:
-        rows = queries.results_rows(session, batch_id, after=0, limit=10, trajectories=True)
-        expected = [queries.job_out(session.get_one(Job, job_id), with_stages=False) for job_id in finished]
+        rows = reads.results_rows(session, batch_id, after=0, limit=10, trajectories=True)
+        expected = [reads.job_out(session.get_one(Job, job_id), with_stages=False) for job_id in finished]
     assert (rows.state, rows.remaining) == (BatchState.RUNNING, 1)
     assert [seq for seq, _, _ in rows.items] == [1, 2, 3]
     assert [job for _, job, _ in rows.items] == expected
@@ -77,7 +77,7 @@ def test_results_rows_reads_finished_jobs_in_finish_order(sessions):
 def test_results_rows_carries_trajectories_of_done_jobs_only(sessions):
     batch_id, _ = seed(sessions)
     with sessions() as session:
-        rows = queries.results_rows(session, batch_id, after=0, limit=10, trajectories=True)
+        rows = reads.results_rows(session, batch_id, after=0, limit=10, trajectories=True)
     trajs = [traj for _, _, traj in rows.items]
     assert trajs[2] is None
     assert [bytes(t.token_ids) for t in trajs[:2]] == [pack_ids([0]), pack_ids([0, 1])]
@@ -90,12 +90,12 @@ def test_results_rows_carries_trajectories_of_done_jobs_only(sessions):
 def test_results_rows_without_trajectories_or_past_the_end(sessions):
     batch_id, finished = seed(sessions)
     with sessions() as session:
-        bare = queries.results_rows(session, batch_id, after=1, limit=1, trajectories=False)
-        past = queries.results_rows(session, batch_id, after=3, limit=10, trajectories=True)
+        bare = reads.results_rows(session, batch_id, after=1, limit=1, trajectories=False)
+        past = reads.results_rows(session, batch_id, after=3, limit=10, trajectories=True)
     assert [(seq, job.id, traj) for seq, job, traj in bare.items] == [(2, finished[1], None)]
     assert (past.state, past.remaining, past.items) == (BatchState.RUNNING, 1, [])
 
 
 def test_results_rows_of_a_missing_batch_raise(sessions):
     with sessions() as session, pytest.raises(BatchNotFound):
-        queries.results_rows(session, 2**62, after=0, limit=10, trajectories=True)
+        reads.results_rows(session, 2**62, after=0, limit=10, trajectories=True)

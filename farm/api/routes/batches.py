@@ -5,26 +5,22 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import timedelta
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from farm.api.binary import BinaryPageResponse, binary_page, wants_binary
-from farm.api.deps import DB, AppState, BatchId, State
+from farm.api.deps import DB, BatchId, State
 from farm.api.errors import error_responses
+from farm.batches import submit
 from farm.constants import BatchState, batch_cancel_key, batch_events_channel
-from farm.db import queries
+from farm.db import reads
 from farm.db.base import utcnow
 from farm.db.jobs import lifecycle
-from farm.db.models import Batch
 from farm.db.session import transaction
-from farm.dynamic.filters import SPREAD_FILTERS, get_filter
-from farm.errors import ConfigError, HandlerNotFound, InvalidSpec
-from farm.handlers.base import validate_config
-from farm.handlers.registry import get_config_class
 from farm.schemas import (
     RESULTS_MEDIA_TYPE,
     ArrayEncoding,
@@ -61,87 +57,6 @@ BATCH_LINKS: dict[str, Any] = {
 }
 
 
-def _validate_tasks(request: BatchCreate) -> None:
-    """Every task's config is checked by its handler's config class now, so a bad spec is a 422, not a
-    failed job. Only the config class is loaded (see ``farm.handlers.registry``): never the handler."""
-    for i, task in enumerate(request.tasks):
-        try:
-            validate_config(get_config_class(task.type), task.config)
-        except HandlerNotFound as exc:
-            raise HandlerNotFound(f"tasks.{i}.type: {exc.message}", field=f"tasks.{i}.type") from exc
-        except ConfigError as exc:
-            # A `module:Class` type that cannot be imported or is no handler: the request's fault.
-            raise InvalidSpec(f"tasks.{i}.type: {exc.message}", field=f"tasks.{i}.type") from exc
-        except InvalidSpec as exc:
-            raise InvalidSpec(f"tasks.{i}.{exc.message}", field=f"tasks.{i}.{exc.field}") from exc
-
-
-def _validate_dynamic(request: BatchCreate) -> None:
-    """What the schema cannot say about a dynamic batch's options; each a 422 naming the field."""
-    options = request.dynamic
-    if options is None:
-        return
-    get_filter(options.filter)  # an unknown name is a 422 naming dynamic.filter
-    if options.target_groups > len(request.tasks):
-        raise InvalidSpec(
-            f"dynamic.target_groups: {options.target_groups} informative groups cannot come from a pool of "
-            f"{len(request.tasks)} tasks; give more tasks or ask for fewer groups",
-            field="dynamic.target_groups",
-        )
-    if request.group_size < 2 and options.filter in SPREAD_FILTERS:
-        raise InvalidSpec(
-            f"group_size: the {options.filter!r} filter compares the rewards of a group's samples, so a group "
-            "needs at least 2 (group_size 1 would never be informative)",
-            field="group_size",
-        )
-
-
-def _submit(state: AppState, request: BatchCreate, key: str | None) -> tuple[BatchCreated, bool]:
-    if len(request.tasks) > state.settings.api.max_tasks_per_batch:
-        raise InvalidSpec(
-            f"tasks: {len(request.tasks)} tasks exceed the limit of {state.settings.api.max_tasks_per_batch} "
-            "per batch; submit several batches",
-            field="tasks",
-        )
-    job_count = len(request.tasks) * request.group_size
-    if request.dynamic is None and job_count > state.settings.api.max_jobs_per_batch:
-        raise InvalidSpec(
-            f"group_size: {len(request.tasks)} tasks x group_size {request.group_size} = {job_count} jobs exceed the "
-            f"limit of {state.settings.api.max_jobs_per_batch} per batch; submit several batches",
-            field="group_size",
-        )
-    _validate_tasks(request)
-    _validate_dynamic(request)
-    digest = queries.request_hash(request)
-    created = False
-    try:
-        with transaction(state.sessions) as session:
-            batch = queries.find_batch_by_key(session, key, digest) if key else None
-            if batch is None:
-                now = utcnow()
-                owed_until = now + timedelta(seconds=state.settings.worker.lease_s)
-                batch, _ = queries.create_batch(
-                    session, request, idempotency_key=key, digest=digest, now=now, owed_until=owed_until
-                )
-                created = True
-            batch_id, enqueued = batch.id, batch.enqueued_at is not None
-    except IntegrityError:
-        # Another request with the same idempotency key committed first: answer with its batch.
-        with transaction(state.sessions) as session:
-            found = queries.find_batch_by_key(session, key or "", digest)
-            assert found is not None
-            batch_id, enqueued = found.id, found.enqueued_at is not None
-    with transaction(state.sessions) as session:
-        jobs = queries.job_ids_of(session, batch_id)
-    if not enqueued:
-        # Enqueue only after the commit; a resubmit re-sends if a crash came between the two
-        # (duplicates are harmless: a stage is claimed once).
-        send_init_many(state.celery, jobs)
-        with transaction(state.sessions) as session:
-            session.get_one(Batch, batch_id).enqueued_at = utcnow()
-    return BatchCreated(id=batch_id, job_ids=[job_id for job_id, _ in jobs], created=created), created
-
-
 @router.post(
     "",
     status_code=201,
@@ -163,8 +78,10 @@ def submit_batch(
         Header(max_length=200, description="resubmitting with the same key returns the same batch"),
     ] = None,
 ) -> BatchCreated:
-    out, created = _submit(state, request, idempotency_key)
-    if not created:
+    out = submit.submit_batch(
+        state.sessions, state.settings, request, key=idempotency_key, send=partial(send_init_many, state.celery)
+    )
+    if not out.created:
         response.status_code = 200
     return out
 
@@ -177,7 +94,7 @@ def submit_batch(
     summary="Batch status with counts",
 )
 def get_batch(batch_id: BatchId, db: DB) -> BatchStatus:
-    return queries.batch_status(db, batch_id)
+    return reads.batch_status(db, batch_id)
 
 
 #: the binary page as the spec describes it (the JSON page is ``ResultsPage``).
@@ -218,9 +135,9 @@ async def get_results(
 
     def read(session: Session) -> Response:
         if binary:
-            rows = queries.results_rows(session, batch_id, after=after, limit=limit, trajectories=trajectories)
+            rows = reads.results_rows(session, batch_id, after=after, limit=limit, trajectories=trajectories)
             return BinaryPageResponse(binary_page(rows, after=after), headers=_VARY)
-        page = queries.results_page(
+        page = reads.results_page(
             session, batch_id, after=after, limit=limit, encoding=encoding, trajectories=trajectories
         )
         # Serialised by pydantic-core directly: pages of trajectories run to tens of MB, and
@@ -231,12 +148,12 @@ async def get_results(
         """The page, if it is worth sending now; else how many results are past the cursor."""
         with state.sessions() as session:
             # Reads only, each one statement: outside a transaction they cost no BEGIN and ROLLBACK
-            # round trips (on PostgreSQL the page is one statement; see queries.results_rows).
+            # round trips (on PostgreSQL the page is one statement; see reads.results_rows).
             session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
             if time.monotonic() < deadline:
                 # Finish positions are dense (1..finished_jobs), so the batch row alone says how
                 # many results are past the cursor: no page is read until it is worth sending.
-                batch = queries.get_batch(session, batch_id)
+                batch = reads.get_batch(session, batch_id)
                 waiting = batch.finished_jobs - after
                 if waiting < limit and batch.state is BatchState.RUNNING and not (waiting > 0 and lingered):
                     return waiting
@@ -283,11 +200,11 @@ async def get_groups(
 
     def answer() -> Response | None:
         with state.sessions() as session:
-            batch = queries.get_batch(session, batch_id)
+            batch = reads.get_batch(session, batch_id)
             ready = batch.groups_informative > after or batch.state is not BatchState.RUNNING
             if not ready and time.monotonic() < deadline:
                 return None
-            page = queries.groups_page(session, batch_id, after=after, limit=limit, encoding=encoding)
+            page = reads.groups_page(session, batch_id, after=after, limit=limit, encoding=encoding)
             return Response(page.model_dump_json(), media_type="application/json")
 
     while True:
@@ -310,7 +227,7 @@ def cancel_batch(batch_id: BatchId, state: State) -> BatchStatus:
 
     Cancelling a finished batch changes nothing and returns its status."""
     with transaction(state.sessions) as session:
-        queries.get_batch(session, batch_id)
+        reads.get_batch(session, batch_id)
         now = utcnow()
         task_ids = lifecycle.cancel_batch(
             session.connection(),
@@ -322,4 +239,4 @@ def cancel_batch(batch_id: BatchId, state: State) -> BatchStatus:
     revoke(state.celery, task_ids)
     state.redis.publish(batch_events_channel(batch_id), "cancelled")
     with state.sessions() as session:
-        return queries.batch_status(session, batch_id)
+        return reads.batch_status(session, batch_id)

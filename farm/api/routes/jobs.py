@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from farm.api.deps import DB, JobId
 from farm.api.errors import error_responses
-from farm.db import queries
+from farm.db import reads
 from farm.schemas import ArrayEncoding, JobOut, TrajectoryOut
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -17,11 +17,11 @@ ERRORS = error_responses(404, 422)
 
 @router.get("/{job_id}", operation_id="get_job", response_model=JobOut, responses=ERRORS)
 def get_job(job_id: JobId, db: DB) -> JobOut:
-    return queries.get_job(db, job_id)
+    return reads.get_job(db, job_id)
 
 
 @router.get("/{job_id}/trajectory", operation_id="get_trajectory", response_model=TrajectoryOut, responses=ERRORS)
 def get_trajectory(
     job_id: JobId, db: DB, encoding: Annotated[ArrayEncoding, Query(description="b64 or json arrays")] = "json"
 ) -> TrajectoryOut:
-    return queries.get_trajectory(db, job_id, encoding)
+    return reads.get_trajectory(db, job_id, encoding)

@@ -10,7 +10,7 @@ from farm.api.deps import DB, State
 from farm.api.metrics import queue_lengths
 from farm.api.routes.backends import backend_out
 from farm.constants import BatchState, Stage
-from farm.db import queries
+from farm.db import reads
 from farm.db.models import Batch
 from farm.schemas import Overview, WorkerOut
 
@@ -34,5 +34,5 @@ def overview(state: State, db: DB) -> Overview:
         queues=queue_lengths(state, db),
         backends=[backend_out(b) for b in state.balancer.backends()],
         sandboxes=metrics.read_sandboxes(state.redis),
-        batches=[queries.batch_status(db, batch_id) for batch_id in running],
+        batches=[reads.batch_status(db, batch_id) for batch_id in running],
     )

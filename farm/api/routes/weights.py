@@ -8,8 +8,8 @@ from fastapi import APIRouter, Path, Request
 
 from farm.api.deps import MAX_ID
 from farm.api.errors import error_responses
-from farm.api.weights import WeightUpdater
 from farm.schemas import WeightLoad, WeightPause, WeightResume, WeightsOut, WeightUpdateOut
+from farm.weights.coordinator import WeightUpdater
 
 router = APIRouter(prefix="/v1/weights", tags=["weights"])
 UpdateId = Annotated[int, Path(ge=1, le=MAX_ID, description="a weight update id, as the pause returned it")]

@@ -29,6 +29,6 @@ Which module moves each:
   trajectory).
 - ``statements``: the SQL of the above, built once.
 
-Batches are created by ``farm.db.queries.create_batch``; a lost node's jobs are started over or
+Batches are created by ``farm.db.batches.create_batch``; a lost node's jobs are started over or
 failed by ``farm.db.nodes``; owed messages are found by ``farm.db.owed``.
 """

@@ -1,28 +1,25 @@
-"""Reads and batch creation: what the API and the CLI ask of the database."""
+"""Reads: a batch's status, its jobs and trajectories, and the pages of results and groups the API
+serves (creating a batch is ``farm.db.batches``)."""
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
-import secrets
-from datetime import UTC, datetime
+from datetime import UTC
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pydantic_core
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, selectinload
 
 from farm.constants import BatchState, JobState, Stage, StageStatus
 from farm.db import dynamic
 from farm.db.arrays import encode_ids, encode_logprobs, encode_mask, unpack_ids
-from farm.db.jobs.statements import GROUPS, JOBS
 from farm.db.models import Batch, Group, Job, Trajectory
 from farm.errors import BatchNotFound, Conflict, JobNotFound, TrajectoryNotFound
 from farm.schemas import (
     ArrayEncoding,
-    BatchCreate,
     BatchStatus,
     DynamicStatus,
     GroupResult,
@@ -37,129 +34,8 @@ from farm.schemas import (
 if TYPE_CHECKING:
     import psycopg
 
-#: job seeds stay below 2**31 so every backend (and numpy) accepts them.
-SEED_MODULUS = 2**31 - 1
 #: the stage a job in each of these states may be running.
 _RUNNING_STAGE = {JobState.INIT: Stage.INIT, JobState.RUN: Stage.RUN, JobState.EVAL: Stage.EVAL}
-
-
-def request_hash(request: BatchCreate) -> str:
-    body = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(body.encode()).hexdigest()
-
-
-def find_batch_by_key(session: Session, key: str, digest: str) -> Batch | None:
-    """The batch an idempotency key already made; Conflict if the body was different."""
-    batch = session.scalars(select(Batch).where(Batch.idempotency_key == key)).first()
-    if batch is not None and batch.request_hash != digest:
-        raise Conflict(f"idempotency key {key!r} was already used for a different batch (id {batch.id})")
-    return batch
-
-
-def _job_seed(base: int | None, ordinal: int) -> int:
-    if base is None:
-        return secrets.randbelow(SEED_MODULUS)
-    return (base * 1_000_003 + ordinal) % SEED_MODULUS
-
-
-def create_batch(
-    session: Session,
-    request: BatchCreate,
-    *,
-    idempotency_key: str | None,
-    digest: str,
-    now: datetime,
-    owed_until: datetime,
-) -> tuple[Batch, list[int]]:
-    """Insert the batch, one group per task and ``group_size`` jobs per group; returns the batch
-    and its job ids in order. Each job is owed its INIT from this commit on: the reconciler sends
-    it at ``owed_until`` if no worker has claimed it by then (the API crashed before sending).
-    Groups and jobs go in as multi-row Core INSERTs: ORM objects for every job cost more than
-    writing the rows."""
-    n = request.group_size
-    if request.dynamic is not None:
-        return _create_dynamic(session, request, idempotency_key, digest, now, owed_until)
-    batch = Batch(
-        idempotency_key=idempotency_key,
-        request_hash=digest,
-        state=BatchState.RUNNING,
-        group_size=n,
-        # What the trainer set, not the defaults: a harness job's trial overrides only those.
-        sampling=request.sampling.model_dump(mode="json", exclude_unset=True),
-        meta=request.metadata,
-        max_staleness=request.max_staleness,
-        on_stale=request.on_stale if request.max_staleness is not None else None,
-        total_jobs=n * len(request.tasks),
-        finished_jobs=0,
-        created_at=now,
-    )
-    session.add(batch)
-    session.flush()
-    groups = [
-        {"batch_id": batch.id, "index": i, "type": task.type, "config": task.config, "name": task.name}
-        for i, task in enumerate(request.tasks)
-    ]
-    group_ids = session.scalars(insert(GROUPS).returning(GROUPS.c.id, sort_by_parameter_order=True), groups).all()
-    jobs = [
-        {
-            "batch_id": batch.id,
-            "group_id": group_id,
-            "group_index": index,
-            "sample_index": k,
-            "type": task.type,
-            "seed": _job_seed(request.sampling.seed, index * n + k),
-            "state": JobState.QUEUED,
-            "stage_done": True,
-            "attempts": 0,
-            "stage_attempts": 0,
-            "stage_data": {},
-            "created_at": now,
-            "lease_until": owed_until,
-            "task_id": secrets.token_hex(16),
-        }
-        for index, (group_id, task) in enumerate(zip(group_ids, request.tasks, strict=True))
-        for k in range(n)
-    ]
-    job_ids = session.scalars(insert(JOBS).returning(JOBS.c.id, sort_by_parameter_order=True), jobs).all()
-    return batch, list(job_ids)
-
-
-def _create_dynamic(
-    session: Session, request: BatchCreate, key: str | None, digest: str, now: datetime, owed_until: datetime
-) -> tuple[Batch, list[int]]:
-    """A dynamic batch: its pool of groups, and the first groups started (``farm.db.dynamic``).
-    Its total counts the whole pool until it stops, so no job's finish marks it complete early."""
-    assert request.dynamic is not None
-    batch = Batch(
-        idempotency_key=key,
-        request_hash=digest,
-        state=BatchState.RUNNING,
-        group_size=request.group_size,
-        # What the trainer set, not the defaults: a harness job's trial overrides only those.
-        sampling=request.sampling.model_dump(mode="json", exclude_unset=True),
-        meta=request.metadata,
-        max_staleness=request.max_staleness,
-        on_stale=request.on_stale if request.max_staleness is not None else None,
-        dynamic=request.dynamic.model_dump(mode="json"),
-        total_jobs=request.group_size * len(request.tasks),
-        finished_jobs=0,
-        created_at=now,
-    )
-    session.add(batch)
-    session.flush()
-    dynamic.create_pool(session, batch, request.tasks)
-    started = dynamic.start_groups(session, batch, dynamic.in_flight(request.dynamic), now=now, owed_until=owed_until)
-    if started.groups == 0:
-        batch.end_reason = "pool_exhausted"  # every prompt skipped by the ledger: nothing to run
-        batch.state, batch.finished_at, batch.total_jobs = BatchState.COMPLETE, now, 0
-    return batch, [job_id for job_id, _ in started.jobs]
-
-
-def job_ids_of(session: Session, batch_id: int) -> list[tuple[int, str | None]]:
-    return [
-        (row.id, row.task_id)
-        for row in session.execute(select(Job.id, Job.task_id).where(Job.batch_id == batch_id).order_by(Job.id))
-    ]
 
 
 def get_batch(session: Session, batch_id: int) -> Batch:

@@ -1,6 +1,6 @@
 """Weight updates as rows: the farm's record of what it owes the backends while one is open.
 
-The driver (``farm.api.weights``) writes each phase before it acts on it, so a process that dies
+The driver (``farm.weights.coordinator``) writes each phase before it acts on it, so a process that dies
 mid-update leaves a row that says what is left to do: another API process (or this one, restarted)
 finishes a ``resuming`` or ``rolling_back`` update, and rolls back one the trainer abandoned.
 """

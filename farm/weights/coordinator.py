@@ -1,6 +1,6 @@
 """Weight updates between training steps: pause the backends, load new weights, resume at a new version.
 
-Each step writes its phase to PostgreSQL (``farm.db.weights``) before it acts, and every backend
+Each step writes its phase to PostgreSQL (``farm.weights.rows``) before it acts, and every backend
 call is idempotent, so a step can be driven again by any API process:
 
 - ``pause``: the update is opened (``pausing``), the balancer holds new turns (a Redis flag every
@@ -22,7 +22,6 @@ puts the pause flag back if Redis lost it.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -34,7 +33,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from farm.config import LLMSettings
 from farm.constants import NEVER_PAUSED, PauseOutcome
 from farm.db import backends as registry
-from farm.db import weights as rows
 from farm.db.base import utcnow
 from farm.db.models import WeightUpdate, WeightUpdateBackend
 from farm.db.session import transaction
@@ -49,7 +47,9 @@ from farm.errors import (
 )
 from farm.llm.balancer import Balancer
 from farm.llm.control import BackendControl, PauseMode
+from farm.periodic import Periodic
 from farm.schemas import WeightsOut, WeightUpdateOut
+from farm.weights import rows
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,8 +64,13 @@ class WeightUpdater:
         self.balancer = balancer
         self.settings = settings
         self._http = httpx.Client(timeout=httpx.Timeout(settings.weight_control_timeout_s, connect=5.0))
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._redrive = Periodic(
+            self.redrive,
+            interval_s=settings.weight_redrive_interval_s,
+            name="farm-weights",
+            what="weight update re-drive",
+            log=log,
+        )
 
     # ---- reading -------------------------------------------------------------------------------
     def status(self) -> WeightsOut:
@@ -236,22 +241,12 @@ class WeightUpdater:
         return None
 
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="farm-weights", daemon=True)
-        self._thread.start()
+        """``redrive`` every ``weight_redrive_interval_s`` on a daemon thread until ``stop``."""
+        self._redrive.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._redrive.stop()
         self._http.close()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.settings.weight_redrive_interval_s):
-            try:
-                self.redrive()
-            except Exception:  # a database or Redis hiccup: next round
-                log.exception("weight update re-drive failed")
 
     # ---- backend calls -----------------------------------------------------------------------------
     def _control(self, backend_id: str, url: str, kind: str) -> BackendControl:

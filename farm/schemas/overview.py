@@ -1,0 +1,50 @@
+"""The farm as a whole: its health, the overview ``farm status`` shows, and the one error body."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from farm.constants import Stage
+from farm.schemas.backends import BackendOut
+from farm.schemas.batches import BatchStatus
+
+
+class ErrorOut(BaseModel):
+    """Every error answer has this shape."""
+
+    code: str
+    detail: str
+    field: str | None = None
+
+
+class Health(BaseModel):
+    status: Literal["ok", "unavailable"]
+    checks: dict[str, str] = Field(default_factory=dict)
+    version: str
+
+
+class WorkerOut(BaseModel):
+    name: str = Field(description="the Celery hostname, `<stages>@<node>`")
+    node: str
+    stages: list[Stage]
+    slots: int = Field(description="stages it runs at once")
+    pid: int
+
+
+class QueueOut(BaseModel):
+    name: str
+    stage: Stage
+    node: str | None = Field(description="RUN and EVAL queues belong to a node; INIT is shared")
+    length: int = Field(description="messages waiting")
+
+
+class Overview(BaseModel):
+    """The farm at a glance (``farm status``): pools, queues, backends, the batches running."""
+
+    workers: list[WorkerOut] = Field(description="worker processes heard from lately")
+    queues: list[QueueOut]
+    backends: list[BackendOut]
+    sandboxes: dict[str, int] = Field(description="live sandboxes per node")
+    batches: list[BatchStatus] = Field(description="running batches, newest first (at most 20)")
