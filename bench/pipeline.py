@@ -75,7 +75,7 @@ def coupled_makespan(jobs: int) -> float:
     async def stages() -> float:
         state = await handler.init(config, ctx(Stage.INIT))
         result = await handler.run(config, state, ctx(Stage.RUN))
-        return (await handler.evaluate(config, {**state, **result.state}, result.trajectory, ctx(Stage.EVAL))).reward
+        return (await handler.evaluate(config, state.updated(result.state), result.trajectory, ctx(Stage.EVAL))).reward
 
     def one_job(_: int) -> float:
         return asyncio.run(stages())

@@ -6,36 +6,59 @@
     ├─ ConfigError                      settings or a plug-in is mis-configured
     ├─ NotFound
     │   ├─ BatchNotFound, JobNotFound, TrajectoryNotFound
+    │   ├─ TrialNotFound, WeightUpdateNotFound
     │   └─ HandlerNotFound              unknown task type (lists the known ones)
     ├─ InvalidSpec                      a task spec or request a handler refuses (names the field)
+    │   └─ EngineRequestError           (also a ValueError) the built-in backend refuses a prompt: 400
     ├─ Conflict                         e.g. an idempotency key reused with another body
+    │   └─ TrialEnded                   the trial takes no more calls
     ├─ InvalidTransition                illegal job state change
     ├─ ClaimLost                        the database lost a stage's claim (crashed before writing it)
+    ├─ TaskSetupFailed                  a task's own setup failed: reported as handler_error
     ├─ SandboxError                     the sandbox (not the agent) failed
     │   ├─ SandboxTimeout
-    │   └─ SandboxUnavailable
+    │   ├─ SandboxUnavailable
+    │   │   ├─ SandboxCheckFailed       the configured driver cannot start a sandbox on this node
+    │   │   └─ DiskQuotaUnavailable     (also an OSError) no loop-mounted file system here
+    │   └─ WireError                    the tool server's socket closed or sent a bad frame
     ├─ UpstreamError                    the LLM backend failed
     │   ├─ UpstreamTimeout
     │   ├─ UpstreamStatusError(status)
     │   │   └─ ContextLengthExceeded    the prompt outgrew the context: ends the episode, not a fault
     │   ├─ UpstreamConnectError         never reached the backend: safe to send elsewhere
-    │   └─ NoBackendAvailable
-    │       └─ BackendsPaused           held for a weight update (proxy calls told to retry)
+    │   ├─ NoBackendAvailable
+    │   │   └─ BackendsPaused           held for a weight update (proxy calls told to retry)
+    │   ├─ BackendUnreachable           a backend cannot take part in a weight update (did nothing)
+    │   └─ BackendCallFailed            a backend did not do its part of a weight update: 502
     ├─ VerifierError(kind)              (tasks.harbor) a task's verifier gave no reward
+    ├─ NotReplayable                    the job holds no action record to run again
+    ├─ ReverifyRefused(unsafe)          some rollouts' graders cannot score them again
+    ├─ SampleFailed                     (farm.bridges) a job without a reward, not to be trained on
     ├─ Unauthorized, Unavailable        only from farm.client: a 401, a 503
     └─ ApiError(status, code, detail)   raised by farm.client for an HTTP error answer; each
                                         code maps to a subclass that is also the class above
                                         (``except NotFound`` catches a 404 from the API)
 
+    Cancelled(Exception)                control flow, not a failure: the job was cancelled while its
+                                        model call was in flight (the agent loop ends the episode)
+
 The policy failing (wrong answer, failing tests, a bad tool call) is a *result*, never
 an exception. Raise only when infrastructure fails; ``outcome`` says how a job that
 dies of the exception is reported. A handler raising a ``FarmError`` gets its stage again
 after ``worker.retry_delay_s``, up to ``worker.max_attempts`` attempts.
+
+Which exceptions live here: every one that leaves the module raising it (caught, mapped to an
+HTTP code or an outcome, or tested for, anywhere else). An exception raised and caught inside one
+module, as its own control flow, stays there, private (``_TooLarge`` in ``farm.api.errors``,
+``_TestTimeout`` in ``tasks.code.harness``, ``EditorError`` in ``farm.tools.editor``).
+``tests/unit/test_errors.py`` holds both halves of that rule. ``farm.proxy`` keeps its own for
+now (``ProxyError``, its wire answer, and the continuity checks' ``TemplateFork`` and
+``NoCallOpening``): the test names them as the known exceptions to the rule.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 
 class FarmError(Exception):
@@ -85,6 +108,14 @@ class HandlerNotFound(NotFound):
         self.field = field
 
 
+class TrialNotFound(NotFound):
+    """No trial has this id."""
+
+
+class WeightUpdateNotFound(NotFound):
+    """No weight update with that id."""
+
+
 class InvalidSpec(FarmError):
     """A request or task spec is invalid; the message names the field to fix."""
 
@@ -93,8 +124,16 @@ class InvalidSpec(FarmError):
         self.field = field
 
 
+class EngineRequestError(InvalidSpec, ValueError):
+    """A request the built-in engine cannot run (prompt too long, token id out of range); its server answers 400."""
+
+
 class Conflict(FarmError):
     """The request conflicts with the current state of a resource."""
+
+
+class TrialEnded(Conflict):
+    """The trial has ended: it takes no more calls."""
 
 
 class InvalidTransition(FarmError):
@@ -125,6 +164,18 @@ class SandboxTimeout(SandboxError):
 
 class SandboxUnavailable(SandboxError):
     """The sandbox runtime is missing or refused to start."""
+
+
+class SandboxCheckFailed(SandboxUnavailable):
+    """The configured sandbox driver cannot start a sandbox here (a worker refuses to start)."""
+
+
+class DiskQuotaUnavailable(SandboxUnavailable, OSError):
+    """A loop-mounted file system could not be made here (not root, no loop device, no mkfs)."""
+
+
+class WireError(SandboxError):
+    """The tool server's peer closed the connection or sent a malformed frame."""
 
 
 class UpstreamError(FarmError):
@@ -159,12 +210,57 @@ class BackendsPaused(NoBackendAvailable):
     """The backends are paused for a weight update and the trainer asked proxy calls to retry later."""
 
 
+class BackendUnreachable(UpstreamError):
+    """The backend cannot take part in a weight update: no connection could be made (refused, no
+    such host, a URL no request can be sent to), or it has no such route (a vLLM started without
+    ``VLLM_SERVER_DEV_MODE=1``, or not an inference server at all). Either way it did nothing."""
+
+
+class BackendCallFailed(UpstreamError):
+    """A backend did not do its part of a weight update (HTTP 502 at the API)."""
+
+
+#: how a task's verifier failed to give a reward.
+VerifierErrorKind = Literal["no_reward_file", "bad_reward", "timeout"]
+
+
+class VerifierError(FarmError):
+    """The verifier did not produce a reward (``kind`` says how); an infrastructure failure."""
+
+    def __init__(self, message: str, *, kind: VerifierErrorKind, output: str = "", **context: Any) -> None:
+        super().__init__(message, kind=kind, **context)
+        self.kind = kind
+        self.output = output
+
+
+class NotReplayable(FarmError):
+    """The job holds no action record to replay (not an agent task, or RUN predates the record)."""
+
+
+class ReverifyRefused(FarmError):
+    """The batch holds rollouts whose grader cannot score them again (see ``TaskHandler.reverify_safe``)."""
+
+    def __init__(self, message: str, *, unsafe: dict[str, int]) -> None:
+        super().__init__(message)
+        self.unsafe = unsafe
+
+
+class SampleFailed(FarmError):
+    """The job ended without a reward (an infrastructure failure or a cancel): it must not be trained
+    on as a reward of 0. The message says how it ended."""
+
+
 class Unauthorized(FarmError):
     """The API refused the bearer token (farm.client only: the server answers 401)."""
 
 
 class Unavailable(FarmError):
     """The API could not reach its database or Redis (farm.client only: the server answers 503)."""
+
+
+class Cancelled(Exception):
+    """The job was cancelled while its model call was in flight (the call was closed). Control flow,
+    not a failure: not a ``FarmError``, so no stage is retried for it."""
 
 
 class ApiError(FarmError):

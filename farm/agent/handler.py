@@ -27,11 +27,13 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
+from typing_extensions import TypeVar
+
 from farm.agent.loop import Budgets, Episode, run_episode
 from farm.agent.record import ACTIONS_KEY
 from farm.agent.toolbox import SandboxToolbox
 from farm.errors import SandboxError, TaskSetupFailed
-from farm.handlers.base import ConfigT, StageContext, TaskHandler
+from farm.handlers.base import ConfigT, HandlerState, StageContext, TaskHandler
 from farm.llm.trajectory import TrajectoryBuilder
 from farm.sandbox.base import Sandbox, SandboxSpec
 from farm.sandbox.prepared import Prepared, copy_out
@@ -49,8 +51,30 @@ DEFAULT_SETUP_TIMEOUT_S = 600.0
 MAX_FINAL_TEXT_CHARS = 20_000
 
 
-class AgentHandler(TaskHandler[ConfigT]):
-    """See the module docstring. Subclasses set ``config_class`` and override the hooks they need."""
+class AgentState(HandlerState):
+    """What an agent task keeps between its stages; a task's own state adds what its
+    ``workspace_files`` and ``collect`` return."""
+
+    #: the job's sandbox on its node (none for a task without one).
+    sandbox: str | None = None
+    #: the prepared workspace the sample started from, and whether it built it.
+    prepared: dict[str, Any] | None = None
+    #: the end of the final reply (the trajectory holds all of it).
+    final_text: str = ""
+    #: the arguments of the ``submit`` call, when there was one.
+    submitted: dict[str, Any] | None = None
+    #: the episode's tool calls, for ``farm replay`` (see ``farm.agent.record``).
+    actions: list[dict[str, Any]] | None = None
+
+
+AgentStateT = TypeVar("AgentStateT", bound=AgentState, default=AgentState)
+
+
+class AgentHandler(TaskHandler[ConfigT, AgentStateT]):
+    """See the module docstring. Subclasses set ``config_class`` and ``state_class`` and override
+    the hooks they need."""
+
+    state_class: ClassVar[type[HandlerState]] = AgentState
 
     #: a reply without a tool call ends the episode as the answer (math, code).
     answer_in_text: ClassVar[bool] = False
@@ -92,7 +116,7 @@ class AgentHandler(TaskHandler[ConfigT]):
     def tool_names(self, config: ConfigT) -> list[str]:
         return ["bash", "editor"]
 
-    def messages(self, config: ConfigT, state: dict[str, Any], specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def messages(self, config: ConfigT, state: AgentStateT, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The first messages (system with ``specs`` described, then the task)."""
         raise NotImplementedError(f"{type(self).__name__} must give the first messages of its task")
 
@@ -106,25 +130,25 @@ class AgentHandler(TaskHandler[ConfigT]):
             keep_unseen_tail=bool(getattr(config, "keep_unseen_tail", False)),
         )
 
-    def collect(
-        self, config: ConfigT, state: dict[str, Any], sandbox: Sandbox | None, episode: Episode
-    ) -> dict[str, Any]:
-        """What EVAL needs from the sandbox, taken at the end of RUN (blocking; runs in a thread)."""
+    def collect(self, config: ConfigT, state: AgentStateT, sandbox: Sandbox | None, episode: Episode) -> dict[str, Any]:
+        """What EVAL needs from the sandbox, taken at the end of RUN (blocking; runs in a thread): keys
+        of the task's state."""
         return {}
 
     # ---- stages -----------------------------------------------------------------------------
-    async def init(self, config: ConfigT, ctx: StageContext) -> dict[str, Any]:
+    async def init(self, config: ConfigT, ctx: StageContext) -> AgentStateT:
         spec = self.sandbox_spec(config)
         if spec is None:
-            return {}
-        _, state = await asyncio.to_thread(self._new_sandbox, config, spec, ctx)
-        return state
+            return self.load_state({})
+        _, made = await asyncio.to_thread(self._new_sandbox, config, spec, ctx)
+        return self.load_state(made)
 
     def _new_sandbox(self, config: ConfigT, spec: SandboxSpec, ctx: StageContext) -> tuple[Sandbox, dict[str, Any]]:
         """A sandbox on a private copy of the prepared workspace (built now if this node has none)."""
         with self._prepared(config, spec, ctx) as prepared:
             update = {"workspace": prepared.workspace, "label": f"job {ctx.job_id}"}
             sandbox = ctx.sandboxes.create(spec.model_copy(update=update))
+        # The keys of the task's state: what workspace_files returned, the sandbox, the workspace.
         return sandbox, {**prepared.state, SANDBOX_KEY: sandbox.id, PREPARED_KEY: prepared.describe()}
 
     def _prepared(self, config: ConfigT, spec: SandboxSpec, ctx: StageContext) -> AbstractContextManager[Prepared]:
@@ -161,7 +185,7 @@ class AgentHandler(TaskHandler[ConfigT]):
         with self._prepared(config, spec, ctx) as prepared:
             yield prepared.workspace
 
-    async def run(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> RunResult:
+    async def run(self, config: ConfigT, state: AgentStateT, ctx: StageContext) -> RunResult:
         started = time.monotonic()
         spec = self.sandbox_spec(config)
         sandbox: Sandbox | None = None
@@ -169,13 +193,13 @@ class AgentHandler(TaskHandler[ConfigT]):
         if spec is not None:
             sandboxes = ctx.sandboxes
             if ctx.attempt <= 1:
-                sandbox = await asyncio.to_thread(sandboxes.attach, state[SANDBOX_KEY])
+                sandbox = await asyncio.to_thread(sandboxes.attach, _sandbox_id(state))
             else:
                 # The failed attempt may have left the workspace half-edited: start over.
-                await asyncio.to_thread(sandboxes.destroy, state[SANDBOX_KEY])
+                await asyncio.to_thread(sandboxes.destroy, _sandbox_id(state))
                 sandbox, fresh = await asyncio.to_thread(self._new_sandbox, config, spec, ctx)
         try:
-            return await self._episode(config, {**state, **fresh}, sandbox, ctx, fresh, started)
+            return await self._episode(config, state.updated(fresh), sandbox, ctx, fresh, started)
         except BaseException:
             if fresh and sandbox is not None:  # teardown only knows the sandbox INIT made
                 await asyncio.to_thread(sandbox.close)
@@ -187,7 +211,7 @@ class AgentHandler(TaskHandler[ConfigT]):
     async def _episode(
         self,
         config: ConfigT,
-        state: dict[str, Any],
+        state: AgentStateT,
         sandbox: Sandbox | None,
         ctx: StageContext,
         fresh: dict[str, Any],
@@ -229,7 +253,7 @@ class AgentHandler(TaskHandler[ConfigT]):
             info={
                 **episode.info(),
                 **{k: v for k, v in held.items() if v},
-                **({PREPARED_KEY: state[PREPARED_KEY]} if PREPARED_KEY in state else {}),
+                **({PREPARED_KEY: state.prepared} if state.prepared is not None else {}),
             },
         )
         out_state = {
@@ -242,21 +266,21 @@ class AgentHandler(TaskHandler[ConfigT]):
         return RunResult(trajectory=trajectory, outcome=episode.outcome, reason=episode.reason, state=out_state)
 
     @contextmanager
-    def attached(self, state: dict[str, Any], ctx: StageContext) -> Iterator[Sandbox]:
+    def attached(self, state: AgentStateT, ctx: StageContext) -> Iterator[Sandbox]:
         """The job's sandbox, for an EVAL that scores the agent's environment as it was left."""
-        sandbox = ctx.sandboxes.attach(state[SANDBOX_KEY])
+        sandbox = ctx.sandboxes.attach(_sandbox_id(state))
         try:
             yield sandbox
         finally:
             sandbox.detach()
 
-    async def teardown(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> None:
+    async def teardown(self, config: ConfigT, state: AgentStateT, ctx: StageContext) -> None:
         await asyncio.to_thread(self._release, state, ctx)
 
     @staticmethod
-    def _release(state: dict[str, Any], ctx: StageContext) -> None:
-        if SANDBOX_KEY in state:
-            ctx.sandboxes.destroy(state[SANDBOX_KEY])
+    def _release(state: AgentState, ctx: StageContext) -> None:
+        if state.sandbox is not None:
+            ctx.sandboxes.destroy(state.sandbox)
         ctx.llm.release(ctx.job_id)
 
     @staticmethod
@@ -280,8 +304,13 @@ class AgentHandler(TaskHandler[ConfigT]):
         return result, files
 
     @staticmethod
-    def answer_text(state: dict[str, Any]) -> str:
+    def answer_text(state: AgentState) -> str:
         """The agent's answer: ``submit``'s ``answer`` argument, else its last reply."""
-        submitted = state.get("submitted") or {}
-        answer = submitted.get("answer")
-        return answer if isinstance(answer, str) and answer.strip() else str(state.get("final_text", ""))
+        answer = (state.submitted or {}).get("answer")
+        return answer if isinstance(answer, str) and answer.strip() else state.final_text
+
+
+def _sandbox_id(state: AgentState) -> str:
+    if state.sandbox is None:  # INIT made none: a handler bug, as a missing key of the dict state was
+        raise KeyError(SANDBOX_KEY)
+    return state.sandbox

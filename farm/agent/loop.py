@@ -34,8 +34,8 @@ from typing import Any, Protocol
 from farm.agent.record import ActionLog
 from farm.agent.toolcalls import ToolCall, errors_text, parse_tool_calls
 from farm.constants import Outcome
-from farm.errors import ContextLengthExceeded, UpstreamStatusError
-from farm.llm.session import Cancelled, until_cancelled
+from farm.errors import Cancelled, ContextLengthExceeded, UpstreamStatusError
+from farm.llm.session import until_cancelled
 from farm.llm.trajectory import TokenTrajectory, TrajectoryBuilder
 from farm.llm.types import FinishReason, GenerateResult, SamplingParams
 from farm.tools.base import ToolResult

@@ -18,20 +18,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm.agent.handler import SANDBOX_KEY, AgentHandler
+from farm.agent.handler import AgentHandler, AgentState
 from farm.agent.loop import Episode, observation
 from farm.agent.record import ACTIONS_KEY, digest, keep
 from farm.agent.toolbox import SandboxToolbox
 from farm.constants import Outcome, Stage
 from farm.db.stored import StoredJob
-from farm.errors import FarmError
+from farm.errors import NotReplayable
 from farm.handlers.base import StageContext
 from farm.llm.trajectory import TokenTrajectory
 from farm.schemas import TrajectoryData
-
-
-class NotReplayable(FarmError):
-    """The job holds no action record to replay (not an agent task, or RUN predates the record)."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +155,7 @@ async def replay(handler: AgentHandler[Any], config: Any, run: RecordedRun, ctx:
         report.steps, collected = await asyncio.to_thread(_in_sandbox, handler, config, run, state, steps, ctx)
         if run.reward is not None and run.trajectory is not None:
             # EVAL's state as RUN would have left it, with the answer the model gave.
-            eval_state = {**state, **collected, "final_text": _final_text(run), "submitted": _submitted(run)}
+            eval_state = state.updated({**collected, "final_text": _final_text(run), "submitted": _submitted(run)})
             eval_ctx = dataclasses.replace(ctx, stage=Stage.EVAL)
             scored = await handler.evaluate(config, eval_state, run.trajectory, eval_ctx)
             report.replayed_reward = float(scored.reward)
@@ -181,7 +177,7 @@ def _in_sandbox(
     handler: AgentHandler[Any],
     config: Any,
     run: RecordedRun,
-    state: dict[str, Any],
+    state: AgentState,
     steps: list[dict[str, Any]],
     ctx: StageContext,
 ) -> tuple[list[StepReplay], dict[str, Any]]:
@@ -193,11 +189,11 @@ def _in_sandbox(
         final_text=_final_text(run),
         submitted=_submitted(run),
     )
-    if SANDBOX_KEY not in state:
+    if state.sandbox is None:
         if steps:
             raise NotReplayable(f"job {run.job_id} recorded tool calls but its task makes no sandbox now")
         return [], handler.collect(config, state, None, episode)
-    sandbox = ctx.sandboxes.attach(state[SANDBOX_KEY])
+    sandbox = ctx.sandboxes.attach(state.sandbox)
     try:
         tools = SandboxToolbox(sandbox.tools(), handler.tool_names(config))
         replayed = []

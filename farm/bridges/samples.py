@@ -15,12 +15,8 @@ import numpy as np
 
 from farm.client.arrays import decode_trajectory
 from farm.constants import POLICY_OUTCOMES
+from farm.errors import SampleFailed
 from farm.schemas import JobResult
-
-
-class SampleFailed(Exception):
-    """The job ended without a reward (an infrastructure failure or a cancel): it must not be trained
-    on as a reward of 0. The message says how it ended."""
 
 
 @dataclass

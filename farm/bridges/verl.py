@@ -31,8 +31,9 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput, register
 
-from farm.bridges.samples import SampleFailed, to_sample
+from farm.bridges.samples import to_sample
 from farm.client import AsyncFarmClient
+from farm.errors import SampleFailed
 from farm.schemas import JobResult
 
 #: samples arriving this close together share one farm batch.

@@ -27,21 +27,17 @@ from sqlalchemy.orm import Session
 from farm.db.arrays import FLOAT32, INT32
 from farm.db.base import utcnow
 from farm.db.models import DONE_CHILD_INDEX, Trial, TrialCall
-from farm.errors import Conflict, NotFound
+from farm.errors import Conflict
+
+# Re-exported: callers name them as ``trials.TrialEnded`` (the proxy among them).
+from farm.errors import TrialEnded as TrialEnded
+from farm.errors import TrialNotFound as TrialNotFound
 
 #: ids a harness or trainer may give a trial: they appear in URLs.
 TRIAL_ID_ALPHABET = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 KEY_PREFIX = "farm-trial-"
 
 TRIALS, CALLS = cast(Table, Trial.__table__), cast(Table, TrialCall.__table__)
-
-
-class TrialNotFound(NotFound):
-    """No trial has this id."""
-
-
-class TrialEnded(Conflict):
-    """The trial has ended: it takes no more calls."""
 
 
 def hash_key(key: str) -> str:

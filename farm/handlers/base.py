@@ -3,7 +3,9 @@
 A handler never opens database sessions, reads settings or calls Celery: the pipeline
 hands it what it needs through ``StageContext`` (the job's facts, and typed resources:
 ``ctx.llm`` for LLM sessions and the policy's tokenizer, ``ctx.sandboxes`` for sandboxes on
-this node), and stores what it returns. Every stage method is a coroutine function, run on
+this node), and stores what it returns. What one stage hands on to the next is the handler's
+``state_class`` (a :class:`HandlerState`), stored as JSON between them: the stages of a job may run
+in different processes, on different nodes. Every stage method is a coroutine function, run on
 the worker process's event loop (as arq runs its jobs): blocking work goes through
 ``asyncio.to_thread``.
 """
@@ -12,13 +14,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, Self, cast
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
+from typing_extensions import TypeVar
 
 from farm.constants import Stage
 from farm.errors import FarmError, InvalidSpec
@@ -31,6 +34,47 @@ if TYPE_CHECKING:  # types only: importing this module must not load sandboxes o
     from farm.sandbox.prepared import Prepared
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+class HandlerState(BaseModel):
+    """What a handler's INIT hands on to RUN, and RUN (with INIT's) to EVAL and teardown.
+
+    Stored as the job's ``stage_data["state"]`` JSON: each handler declares its own subclass as
+    ``state_class`` (as it declares ``config_class``), one field per key it keeps, and the pipeline
+    validates the state where a stage hands it on and where the next one reads it back. Keys a
+    subclass does not declare are kept as they are (``extra="allow"``): a state another version of
+    the handler wrote still loads, and a handler without a ``state_class`` of its own keeps any JSON.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    def stored(self) -> dict[str, Any]:
+        """The JSON kept for this state: the keys that were set (a default never set is not written)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def updated(self, changes: Mapping[str, Any]) -> Self:
+        """This state with ``changes`` (what a later stage adds) on top, validated again.
+
+        Raises:
+            ValidationError: a change does not fit the state's fields.
+        """
+        return self.model_validate({**self.stored(), **changes})
+
+    # Read access by key, for handlers written when the state was a plain dict.
+    def __getitem__(self, key: str) -> Any:
+        return self.stored()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.stored().get(key, default)
+
+    def keys(self) -> Iterator[str]:
+        return iter(self.stored())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.stored()
+
+
+StateT = TypeVar("StateT", bound=HandlerState, default=HandlerState)
 
 #: the names of a handler's stage methods, each an ``async def``.
 STAGE_METHODS = ("init", "run", "evaluate", "teardown")
@@ -188,15 +232,19 @@ def validate_config(config_class: type[ConfigT], config: dict[str, Any]) -> Conf
         raise InvalidSpec(f"config.{where}: {first['msg']}", field=f"config.{where}") from exc
 
 
-class TaskHandler(Generic[ConfigT]):
-    """Base class of every handler. Subclasses set ``config_class`` and implement the stages.
+class TaskHandler(Generic[ConfigT, StateT]):
+    """Base class of every handler. Subclasses set ``config_class`` and ``state_class`` and
+    implement the stages.
 
-    ``init`` returns the state RUN needs (JSON-serialisable); ``run`` returns the episode;
-    ``evaluate`` scores it. ``teardown`` is always called once the job leaves its node
-    (after EVAL, on failure, on cancel); it is a no-op here. Each is an ``async def``.
+    ``init`` returns the state RUN needs (a ``state_class``); ``run`` returns the episode, and in
+    ``RunResult.state`` the keys it adds to the state (``state_class(...).stored()``); ``evaluate``
+    scores it. ``teardown`` is always called once the job leaves its node (after EVAL, on failure,
+    on cancel); it is a no-op here. Each is an ``async def``.
     """
 
     config_class: ClassVar[type[BaseModel]]
+    #: the state the stages hand on (see :class:`HandlerState`).
+    state_class: ClassVar[type[HandlerState]] = HandlerState
     #: ``evaluate`` can score a finished rollout again from what the job stored alone (its state
     #: from RUN, its trajectory, its config), without the model or the agent's environment:
     #: ``farm reverify`` refuses the others unless forced. False unless a handler says so: a
@@ -210,16 +258,38 @@ class TaskHandler(Generic[ConfigT]):
     def validate(self, config: dict[str, Any]) -> ConfigT:
         return validate_config(self.config_class, config)  # type: ignore[return-value]
 
-    async def init(self, config: ConfigT, ctx: StageContext) -> dict[str, Any]:
-        return {}
+    def load_state(self, data: Mapping[str, Any] | None) -> StateT:
+        """The state stored as ``data`` (JSON), as this handler's ``state_class``.
 
-    async def run(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> RunResult:
+        Raises:
+            ValidationError: ``data`` does not fit the state's fields.
+        """
+        return self.state_class.model_validate(dict(data or {}))  # type: ignore[return-value]
+
+    def stored_state(self, state: object) -> dict[str, Any]:
+        """The JSON to keep for what ``init`` returned: its ``state_class``, or (a handler written
+        before ``state_class``) a dict, validated as one.
+
+        Raises:
+            TypeError: a state of another handler's class.
+            ValidationError: a dict that does not fit the state's fields.
+        """
+        if isinstance(state, HandlerState):
+            if not isinstance(state, self.state_class):
+                raise TypeError(f"{type(self).__name__} returned a {type(state).__name__}, not its state_class")
+            return state.stored()
+        return self.load_state(cast("Mapping[str, Any] | None", state)).stored()
+
+    async def init(self, config: ConfigT, ctx: StageContext) -> StateT:
+        return self.load_state({})
+
+    async def run(self, config: ConfigT, state: StateT, ctx: StageContext) -> RunResult:
         raise NotImplementedError(f"{type(self).__name__} has no RUN stage")
 
     async def evaluate(
-        self, config: ConfigT, state: dict[str, Any], trajectory: TrajectoryData, ctx: StageContext
+        self, config: ConfigT, state: StateT, trajectory: TrajectoryData, ctx: StageContext
     ) -> EvalResult:
         raise NotImplementedError(f"{type(self).__name__} has no EVAL stage")
 
-    async def teardown(self, config: ConfigT, state: dict[str, Any], ctx: StageContext) -> None:
+    async def teardown(self, config: ConfigT, state: StateT, ctx: StageContext) -> None:
         return None

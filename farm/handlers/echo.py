@@ -15,13 +15,12 @@ import asyncio
 import math
 import random
 import time
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from farm.constants import Outcome, Stage
 from farm.errors import SandboxError
-from farm.handlers.base import StageContext, TaskHandler
+from farm.handlers.base import HandlerState, StageContext, TaskHandler
 from farm.schemas import EvalResult, RunResult, TrajectoryData
 
 #: ids 0..3 are reserved (pad, bos, eos, sep) so byte b is token b + 4.
@@ -55,6 +54,13 @@ class EchoConfig(BaseModel):
     success_rate: float | None = Field(default=None, ge=0.0, le=1.0)
 
 
+class EchoState(HandlerState):
+    """INIT's prompt, and the text RUN aimed at (what EVAL compares the reply with)."""
+
+    prompt_ids: list[int] = []
+    target: str = ""
+
+
 def _encode(text: str) -> list[int]:
     return [b + BYTE_OFFSET for b in text.encode("utf-8")]
 
@@ -73,24 +79,25 @@ async def _sleep(seconds: float, ctx: StageContext) -> bool:
     return ctx.is_cancelled()
 
 
-class EchoHandler(TaskHandler[EchoConfig]):
+class EchoHandler(TaskHandler[EchoConfig, EchoState]):
     """Echoes its text back; see the module docstring."""
 
     config_class = EchoConfig
+    state_class = EchoState
     reverify_safe = True
 
     def _maybe_fail(self, config: EchoConfig, ctx: StageContext) -> None:
         if config.fail_stage is ctx.stage and ctx.attempt <= config.fail_attempts:
             raise SandboxError(f"simulated {ctx.stage.value} failure, attempt {ctx.attempt}", job_id=ctx.job_id)
 
-    async def init(self, config: EchoConfig, ctx: StageContext) -> dict[str, Any]:
+    async def init(self, config: EchoConfig, ctx: StageContext) -> EchoState:
         self._maybe_fail(config, ctx)
         await _sleep(config.sleep_s.init, ctx)
-        return {"prompt_ids": [BOS_ID, *_encode(config.text), SEP_ID]}
+        return EchoState(prompt_ids=[BOS_ID, *_encode(config.text), SEP_ID])
 
-    async def run(self, config: EchoConfig, state: dict[str, Any], ctx: StageContext) -> RunResult:
+    async def run(self, config: EchoConfig, state: EchoState, ctx: StageContext) -> RunResult:
         self._maybe_fail(config, ctx)
-        prompt: list[int] = state["prompt_ids"]
+        prompt = state.prompt_ids
         if await _sleep(config.sleep_s.run, ctx):
             return RunResult(
                 trajectory=TrajectoryData(token_ids=prompt, logprobs=[0.0] * len(prompt), loss_mask=[0] * len(prompt)),
@@ -110,10 +117,10 @@ class EchoHandler(TaskHandler[EchoConfig]):
             loss_mask=[0] * len(prompt) + [1] * len(response),
             turn_offsets=[0, len(prompt)],
         )
-        return RunResult(trajectory=trajectory, state={"target": target})
+        return RunResult(trajectory=trajectory, state=EchoState(target=target).stored())
 
     async def evaluate(
-        self, config: EchoConfig, state: dict[str, Any], trajectory: TrajectoryData, ctx: StageContext
+        self, config: EchoConfig, state: EchoState, trajectory: TrajectoryData, ctx: StageContext
     ) -> EvalResult:
         self._maybe_fail(config, ctx)
         await _sleep(config.sleep_s.eval, ctx)
@@ -121,7 +128,7 @@ class EchoHandler(TaskHandler[EchoConfig]):
             solved = random.Random(f"{ctx.seed}:success").random() < config.success_rate
             return EvalResult(reward=float(solved), metrics={"exact": float(solved)})
         response = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if m and t != EOS_ID]
-        got, want = _decode(response), state["target"]
+        got, want = _decode(response), state.target
         matches = sum(a == b for a, b in zip(got, want, strict=False))
         # Over the longer of the two: characters past the target are wrong, not free.
         score = matches / max(len(want), len(got), 1)

@@ -18,7 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from farm.constants import Outcome
-from farm.handlers.base import StageContext, TaskHandler
+from farm.errors import Cancelled
+from farm.handlers.base import HandlerState, StageContext, TaskHandler
 from farm.schemas import EvalResult, RunResult, TrajectoryData
 
 
@@ -42,13 +43,20 @@ class GenerateConfig(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
 
 
-class GenerateHandler(TaskHandler[GenerateConfig]):
+class GenerateState(HandlerState):
+    """RUN's reply as text (EVAL scores it)."""
+
+    reply: str = ""
+
+
+class GenerateHandler(TaskHandler[GenerateConfig, GenerateState]):
     """One sampled turn; see the module docstring."""
 
     config_class = GenerateConfig
+    state_class = GenerateState
     reverify_safe = True  # scores the stored reply
 
-    async def run(self, config: GenerateConfig, state: dict[str, Any], ctx: StageContext) -> RunResult:
+    async def run(self, config: GenerateConfig, state: GenerateState, ctx: StageContext) -> RunResult:
         from farm.llm.trajectory import TrajectoryBuilder
 
         llm = ctx.llm
@@ -58,7 +66,7 @@ class GenerateHandler(TaskHandler[GenerateConfig]):
         sampling = ctx.sampling.model_copy(
             update={"seed": ctx.seed, "max_tokens": config.max_tokens or ctx.sampling.max_tokens}
         )
-        from farm.llm.session import Cancelled, until_cancelled
+        from farm.llm.session import until_cancelled
 
         async with llm.session(ctx.job_id) as session:
             try:
@@ -90,12 +98,12 @@ class GenerateHandler(TaskHandler[GenerateConfig]):
             weight_versions=built.weight_versions,
             info=info,
         )
-        return RunResult(trajectory=trajectory, state={"reply": reply})
+        return RunResult(trajectory=trajectory, state=GenerateState(reply=reply).stored())
 
     async def evaluate(
-        self, config: GenerateConfig, state: dict[str, Any], trajectory: TrajectoryData, ctx: StageContext
+        self, config: GenerateConfig, state: GenerateState, trajectory: TrajectoryData, ctx: StageContext
     ) -> EvalResult:
-        reply, want = state.get("reply", "").strip(), (config.reference or "").strip()
+        reply, want = state.reply.strip(), (config.reference or "").strip()
         scored = {"scored": float(config.reference is not None)}
         if config.match == "charset":
             chars = [c for c in reply if not c.isspace()]
@@ -104,6 +112,6 @@ class GenerateHandler(TaskHandler[GenerateConfig]):
         hit = bool(want) and (reply == want if config.match == "exact" else want in reply)
         return EvalResult(reward=float(hit), metrics=scored)
 
-    async def teardown(self, config: GenerateConfig, state: dict[str, Any], ctx: StageContext) -> None:
+    async def teardown(self, config: GenerateConfig, state: GenerateState, ctx: StageContext) -> None:
         # The session releases its backend slot; this covers a RUN that died before it could.
         await asyncio.to_thread(ctx.llm.release, ctx.job_id)

@@ -148,20 +148,22 @@ class _HttpBackend:
                 raise
         return response
 
-    async def _request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Send one request; returns the JSON object the server answered with.
+    async def _connected(
+        self, method: str, path: str, payload: dict[str, Any] | None, *, stream: bool
+    ) -> httpx.Response:
+        """The answer to one request, retrying only a failed connect (``connect_retries`` times,
+        backing off from ``CONNECT_RETRY_DELAY_S``): then nothing was sent, so sending again is safe.
 
         Raises:
+            UpstreamConnectError: no connection after the retries.
             UpstreamTimeout: no answer in time (the request may be running: it is not retried).
-            UpstreamStatusError: the server answered with an HTTP error (its message included).
-            UpstreamError: no connection after the retries, or an answer that is not a JSON object.
+            UpstreamError: any other transport failure.
         """
         ctx = {"backend": self.backend_id, "path": path}
         delay = CONNECT_RETRY_DELAY_S
         for attempt in range(self.connect_retries + 1):
             try:
-                resp = await self._send(self._build(method, path, payload), stream=False)
-                break
+                return await self._send(self._build(method, path, payload), stream=stream)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if attempt == self.connect_retries:
                     raise UpstreamConnectError(
@@ -173,6 +175,18 @@ class _HttpBackend:
                 raise UpstreamTimeout(f"LLM backend did not answer in time ({type(exc).__name__})", **ctx) from exc
             except httpx.HTTPError as exc:
                 raise UpstreamError(f"LLM backend request failed: {exc!r}", **ctx) from exc
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Send one request; returns the JSON object the server answered with.
+
+        Raises:
+            UpstreamTimeout: no answer in time (the request may be running: it is not retried).
+            UpstreamStatusError: the server answered with an HTTP error (its message included).
+            UpstreamError: no connection after the retries, or an answer that is not a JSON object.
+        """
+        ctx = {"backend": self.backend_id, "path": path}
+        resp = await self._connected(method, path, payload, stream=False)
         if resp.status_code >= 400:
             raise UpstreamStatusError(
                 f"LLM backend answered {resp.status_code}: {_error_message(resp)}", status=resp.status_code, **ctx
@@ -195,22 +209,7 @@ class _HttpBackend:
             UpstreamTimeout, UpstreamStatusError, UpstreamError: as ``_request``.
         """
         ctx = {"backend": self.backend_id, "path": path}
-        delay = CONNECT_RETRY_DELAY_S
-        for attempt in range(self.connect_retries + 1):
-            try:
-                response = await self._send(self._build("POST", path, payload), stream=True)
-                break
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                if attempt == self.connect_retries:
-                    raise UpstreamConnectError(
-                        f"cannot connect to LLM backend after {attempt + 1} attempts: {exc!r}; is it running?", **ctx
-                    ) from exc
-                await asyncio.sleep(delay)
-                delay *= 2
-            except httpx.TimeoutException as exc:
-                raise UpstreamTimeout(f"LLM backend did not answer in time ({type(exc).__name__})", **ctx) from exc
-            except httpx.HTTPError as exc:
-                raise UpstreamError(f"LLM backend request failed: {exc!r}", **ctx) from exc
+        response = await self._connected("POST", path, payload, stream=True)
         try:
             if response.status_code >= 400:
                 await response.aread()

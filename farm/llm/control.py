@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import httpx
 
-from farm.errors import InvalidSpec, UpstreamError, UpstreamStatusError
+from farm.errors import BackendUnreachable, InvalidSpec, UpstreamError, UpstreamStatusError
 from farm.llm.types import BackendKind
 
 PauseMode = Literal["wait", "keep", "abort"]
@@ -30,12 +30,6 @@ PAUSE_MODES: tuple[PauseMode, ...] = ("wait", "keep", "abort")
 #: a pause in mode wait returns when the backend's in-flight requests have finished: give it time.
 DEFAULT_CONTROL_TIMEOUT_S = 600.0
 _SGLANG_PAUSE = {"keep": "in_place", "abort": "abort"}
-
-
-class BackendUnreachable(UpstreamError):
-    """The backend cannot take part in a weight update: no connection could be made (refused, no
-    such host, a URL no request can be sent to), or it has no such route (a vLLM started without
-    ``VLLM_SERVER_DEV_MODE=1``, or not an inference server at all). Either way it did nothing."""
 
 
 class BackendControl:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import httpx
 
 from farm.config import LLMSettings
-from farm.errors import BackendsPaused, NoBackendAvailable, UpstreamConnectError, UpstreamError
+from farm.errors import BackendsPaused, Cancelled, NoBackendAvailable, UpstreamConnectError, UpstreamError
 from farm.llm.balancer import Balancer, Lease
 from farm.llm.client import BackendClient, StreamItem, make_client
 from farm.llm.types import FinishReason, GenerateRequest, GenerateResult, SamplingParams, StreamDelta, TopLogprobs
@@ -167,31 +167,18 @@ class LLMSession:
         request = GenerateRequest(
             prompt_token_ids=prompt_ids, sampling=sampling or SamplingParams(), top_logprobs=top_logprobs
         )
-        last: UpstreamConnectError | None = None
-        reroutes = unpaused_aborts = 0
-        while reroutes <= self.max_reroutes:
+        turn = _Turn(self)
+        while turn.may_try():
             lease = await self._lease()
             try:
                 result = await self.clients.get(lease).generate(request)
             except UpstreamConnectError as exc:
-                last = exc
-                reroutes += 1
-                await self._blocking(self.balancer.set_healthy, lease.backend_id, False)
+                await turn.unreachable(lease, exc)
                 continue
             if result.finish_reason is not FinishReason.ABORT:
                 return stamped(result, lease.weight_version)
-            self.aborted_turns += 1
-            if await self._blocking(self.balancer.paused) is None:
-                unpaused_aborts += 1
-                if unpaused_aborts > MAX_UNPAUSED_ABORTS:
-                    raise UpstreamError(
-                        f"LLM backend aborted the turn {unpaused_aborts} times with the farm not paused",
-                        backend=lease.backend_id,
-                        job_id=self.job_id,
-                    )
-        raise NoBackendAvailable(
-            f"no reachable LLM backend after {self.max_reroutes + 1} tries: {last}", job_id=self.job_id
-        )
+            await turn.aborted(lease)
+        raise turn.exhausted()
 
     async def generate_stream(
         self, prompt_ids: list[int], sampling: SamplingParams | None = None, *, top_logprobs: int = 0
@@ -214,10 +201,9 @@ class LLMSession:
         logprobs: list[float] = []
         tops: list[TopLogprobs] = []
         versions: list[tuple[int, int, int]] = []
-        last: UpstreamConnectError | None = None
-        reroutes = unpaused_aborts = 0
+        turn = _Turn(self)
         start = time.perf_counter()
-        while reroutes <= self.max_reroutes:
+        while turn.may_try():
             lease = await self._lease()
             part = request if not ids else _continued(request, ids)
             result: GenerateResult | None = None
@@ -228,9 +214,7 @@ class LLMSession:
                     else:
                         result = stamped(item, lease.weight_version)
             except UpstreamConnectError as exc:
-                last = exc
-                reroutes += 1
-                await self._blocking(self.balancer.set_healthy, lease.backend_id, False)
+                await turn.unreachable(lease, exc)
                 continue
             assert result is not None  # a stream ends with its result or raises
             at = len(ids)
@@ -252,18 +236,8 @@ class LLMSession:
                     }
                 )
                 return
-            self.aborted_turns += 1
-            if await self._blocking(self.balancer.paused) is None:
-                unpaused_aborts += 1
-                if unpaused_aborts > MAX_UNPAUSED_ABORTS:
-                    raise UpstreamError(
-                        f"LLM backend aborted the turn {unpaused_aborts} times with the farm not paused",
-                        backend=lease.backend_id,
-                        job_id=self.job_id,
-                    )
-        raise NoBackendAvailable(
-            f"no reachable LLM backend after {self.max_reroutes + 1} tries: {last}", job_id=self.job_id
-        )
+            await turn.aborted(lease)
+        raise turn.exhausted()
 
     async def _acquire(self) -> Lease:
         """The job's backend, once the farm is not paused for a weight update and (for up to
@@ -292,16 +266,57 @@ class LLMSession:
         await self._blocking(self.balancer.release, self.job_id)
 
 
+class _Turn:
+    """One turn's re-route and abort policy, the same for ``generate`` and ``generate_stream``: a
+    backend that cannot be reached is marked unhealthy and the turn goes to another (``max_reroutes``
+    times); a turn its backend aborted is sent again, at most ``MAX_UNPAUSED_ABORTS`` times while the
+    farm is not paused (a weight update's abort is waited out however often it comes)."""
+
+    def __init__(self, session: LLMSession) -> None:
+        self.session = session
+        self.reroutes = 0
+        self.unpaused_aborts = 0
+        self.last: UpstreamConnectError | None = None
+
+    def may_try(self) -> bool:
+        return self.reroutes <= self.session.max_reroutes
+
+    async def unreachable(self, lease: Lease, exc: UpstreamConnectError) -> None:
+        """The turn never reached ``lease``'s backend: take it out of the balancer until it answers."""
+        self.last = exc
+        self.reroutes += 1
+        await self.session._blocking(self.session.balancer.set_healthy, lease.backend_id, False)
+
+    async def aborted(self, lease: Lease) -> None:
+        """``lease``'s backend aborted the turn.
+
+        Raises:
+            UpstreamError: it aborted once too often with the farm not paused.
+        """
+        session = self.session
+        session.aborted_turns += 1
+        if await session._blocking(session.balancer.paused) is None:
+            self.unpaused_aborts += 1
+            if self.unpaused_aborts > MAX_UNPAUSED_ABORTS:
+                raise UpstreamError(
+                    f"LLM backend aborted the turn {self.unpaused_aborts} times with the farm not paused",
+                    backend=lease.backend_id,
+                    job_id=session.job_id,
+                )
+
+    def exhausted(self) -> NoBackendAvailable:
+        return NoBackendAvailable(
+            f"no reachable LLM backend after {self.session.max_reroutes + 1} tries: {self.last}",
+            job_id=self.session.job_id,
+        )
+
+
 #: how often a turn that found no healthy backend asks the balancer again (``backend_wait_s``).
 NO_BACKEND_POLL_S = 0.5
 
 #: how often a model call in flight looks at the cancel flag (the flag is read from Redis at most
 #: every 0.25 s anyway).
 CANCEL_POLL_S = 0.2
-
-
-class Cancelled(Exception):
-    """The job was cancelled while its model call was in flight (the call was closed)."""
 
 
 async def until_cancelled(call: Awaitable[T], is_cancelled: Callable[[], bool]) -> T:

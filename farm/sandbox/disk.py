@@ -23,6 +23,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from farm.errors import DiskQuotaUnavailable
+
 log = logging.getLogger(__name__)
 
 #: the directory holding everything a sandbox writes, relative to its sandbox dir.
@@ -32,10 +34,6 @@ IMAGE_FILE = "fs.img"
 #: how long mkfs or mount may take.
 DISK_CMD_TIMEOUT_S = 60.0
 _MNT_DETACH = 2
-
-
-class DiskQuotaUnavailable(OSError):
-    """A loop-mounted file system could not be made here (not root, no loop device, no mkfs)."""
 
 
 def fs_dir(sandbox_dir: Path) -> Path:

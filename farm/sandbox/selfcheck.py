@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from farm.config import Settings
-from farm.errors import FarmError
+from farm.errors import SandboxCheckFailed
 from farm.sandbox import create_sandbox
 from farm.sandbox.base import SandboxSpec
 
@@ -28,10 +28,6 @@ _HINTS = {
         "driver with FARM_SANDBOX__DRIVER"
     ),
 }
-
-
-class SandboxCheckFailed(FarmError):
-    """The configured sandbox driver cannot start a sandbox here."""
 
 
 def check_sandbox_driver(settings: Settings) -> float:

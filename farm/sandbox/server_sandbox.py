@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from farm.config import SandboxSettings
-from farm.errors import SandboxError, SandboxUnavailable
+from farm.errors import DiskQuotaUnavailable, SandboxError, SandboxUnavailable
 from farm.sandbox.base import Bind, ExecResult, SandboxSpec, Snapshot
-from farm.sandbox.disk import DiskQuotaUnavailable, fs_dir, make_loop_fs
+from farm.sandbox.disk import fs_dir, make_loop_fs
 from farm.sandbox.procs import CgroupEvents, Cgroups, ProcRef
 from farm.sandbox.registry import Registry, SandboxRecord
 from farm.tools.base import ToolResult

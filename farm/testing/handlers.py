@@ -116,7 +116,7 @@ def run_stages(
     evaluated = None
     try:
         run = asyncio.run(handler.run(cfg, state, stage_context(Stage.RUN, llm, sandboxes)))
-        state = {**state, **run.state}
+        state = state.updated(run.state)
         if run.outcome in POLICY_OUTCOMES:
             evaluated = asyncio.run(
                 handler.evaluate(cfg, state, run.trajectory, stage_context(Stage.EVAL, llm, sandboxes))
@@ -124,4 +124,4 @@ def run_stages(
     finally:
         asyncio.run(handler.teardown(cfg, state, stage_context(Stage.EVAL, llm, sandboxes)))
     assert llm.llm is not None
-    return StagesRun(init_state=state, run=run, eval=evaluated, llm=llm.llm)
+    return StagesRun(init_state=handler.stored_state(state), run=run, eval=evaluated, llm=llm.llm)

@@ -13,9 +13,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from farm.errors import SandboxError, SandboxTimeout
+from farm.errors import SandboxError, SandboxTimeout, WireError
 from farm.tools.base import ToolResult
-from farm.tools.wire import WireError, connect_unix, recv_msg, send_msg
+from farm.tools.wire import connect_unix, recv_msg, send_msg
 
 #: extra time the socket waits beyond a call's own timeout (interrupt and drain included).
 CALL_MARGIN_S = 30.0

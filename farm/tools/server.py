@@ -20,12 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from farm.errors import WireError
 from farm.tools.base import DEFAULT_OUTPUT_CAP_BYTES, DEFAULT_TOOL_TIMEOUT_S, ToolResult
 from farm.tools.bash import BashSession
 from farm.tools.editor import Editor, read_regular_file
 from farm.tools.exec import run_command
 from farm.tools.relay import Relays
-from farm.tools.wire import WireError, bind_unix, recv_msg, send_msg
+from farm.tools.wire import bind_unix, recv_msg, send_msg
 
 #: largest file ``get`` returns; bigger files should be read in ranges or through a snapshot.
 MAX_GET_BYTES = 64 * 1024 * 1024

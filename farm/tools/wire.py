@@ -16,6 +16,8 @@ import socket
 import struct
 from typing import Any
 
+from farm.errors import WireError
+
 _HEADER = struct.Struct(">I")
 # Built once: json.dumps with arguments builds a new encoder per call (~2 us each on this box).
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -53,10 +55,6 @@ def decode(body: bytes) -> Any:
 #: refuse frames larger than this: a corrupt length must not allocate gigabytes.
 MAX_FRAME_BYTES = 256 * 1024 * 1024
 _FIRST_READ_BYTES = 4096
-
-
-class WireError(Exception):
-    """The peer closed the connection or sent a malformed frame."""
 
 
 def send_msg(sock: socket.socket, msg: dict[str, Any]) -> None:

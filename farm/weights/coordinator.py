@@ -36,9 +36,17 @@ from farm.db import backends as registry
 from farm.db.base import utcnow
 from farm.db.models import WeightUpdate, WeightUpdateBackend
 from farm.db.session import transaction
-from farm.errors import Conflict, FarmError, InvalidSpec, UpstreamError, UpstreamStatusError
+from farm.errors import (
+    BackendCallFailed,
+    BackendUnreachable,
+    Conflict,
+    FarmError,
+    InvalidSpec,
+    UpstreamError,
+    UpstreamStatusError,
+)
 from farm.llm.balancer import Balancer
-from farm.llm.control import BackendControl, BackendUnreachable, PauseMode
+from farm.llm.control import BackendControl, PauseMode
 from farm.periodic import Periodic
 from farm.schemas import WeightsOut, WeightUpdateOut
 from farm.weights import rows
@@ -46,10 +54,6 @@ from farm.weights import rows
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_PARALLEL_CALLS = 32
-
-
-class BackendCallFailed(UpstreamError):
-    """A backend did not do its part of a weight update (HTTP 502 at the API)."""
 
 
 class WeightUpdater:

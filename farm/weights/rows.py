@@ -16,16 +16,12 @@ from sqlalchemy.orm import Session, selectinload
 
 from farm.db.base import utcnow
 from farm.db.models import LLMBackend, WeightUpdate, WeightUpdateBackend
-from farm.errors import Conflict, NotFound
+from farm.errors import Conflict, WeightUpdateNotFound
 
 #: phases in which the trainer drives the update (until its deadline).
 TRAINER_PHASES = frozenset({"pausing", "paused", "loading", "loaded"})
 #: phases in which the farm owes the backends their resume.
 OWED_PHASES = frozenset({"resuming", "rolling_back"})
-
-
-class WeightUpdateNotFound(NotFound):
-    """No weight update with that id."""
 
 
 def farm_version(session: Session) -> int:

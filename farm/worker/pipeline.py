@@ -185,16 +185,20 @@ def _complete(
 
 def _call_stage(rt: FarmRuntime, attempt: _Attempt) -> completions.StageOutput:
     handler, config, claim, ctx = attempt.handler, attempt.config, attempt.claim, attempt.ctx
-    state = claim.state or {}
     # A backstop past the handler's own deadline handling: a coroutine still running a lease
     # after its deadline is cancelled and the stage counts as an infrastructure failure.
     limit_s = max(ctx.remaining_s(), 0.0) + rt.settings.worker.lease_s
+    # The state crosses processes as JSON: checked against the handler's state_class where a stage
+    # hands it on, and read back as one (a state that does not fit is the handler's error).
     if ctx.stage is Stage.INIT:
-        return completions.StageOutput(init_state=dict(_await(rt, handler.init(config, ctx), timeout_s=limit_s) or {}))
+        made = _await(rt, handler.init(config, ctx), timeout_s=limit_s)
+        return completions.StageOutput(init_state=handler.stored_state(made))
+    state = handler.load_state(claim.state)
     if ctx.stage is Stage.RUN:
         run_result = _await(rt, handler.run(config, state, ctx), timeout_s=limit_s)
         if not isinstance(run_result, RunResult):
             raise TypeError(f"{type(handler).__name__}.run returned {type(run_result).__name__}, not RunResult")
+        state.updated(run_result.state)
         return completions.StageOutput(run_result=run_result)
     if claim.trajectory is None:
         raise FarmError("EVAL found no trajectory from RUN", job_id=claim.job_id)
@@ -285,8 +289,8 @@ def _fail(rt: FarmRuntime, app: Celery, claim: claims.Claim, worker: str, outcom
 
 def _teardown(rt: FarmRuntime, attempt: _Attempt, *, produced: dict[str, Any] | None = None) -> None:
     claim = attempt.claim
-    state = {**(claim.state or {}), **(produced or {})}
     try:
+        state = attempt.handler.load_state({**(claim.state or {}), **(produced or {})})
         _await(rt, attempt.handler.teardown(attempt.config, state, attempt.ctx), timeout_s=TEARDOWN_TIMEOUT_S)
     except Exception:  # a failed cleanup must not change how the job is reported
         log.exception("job %s: teardown failed", claim.job_id)

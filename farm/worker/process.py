@@ -73,7 +73,8 @@ def check_sandbox(settings: Settings, redis_client: Redis) -> None:
     Raises:
         SandboxCheckFailed: the driver cannot start a sandbox here.
     """
-    from farm.sandbox.selfcheck import SandboxCheckFailed, check_sandbox_driver
+    from farm.errors import SandboxCheckFailed
+    from farm.sandbox.selfcheck import check_sandbox_driver
 
     try:
         seconds = check_sandbox_driver(settings)

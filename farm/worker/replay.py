@@ -16,11 +16,12 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from farm.agent.handler import AgentHandler
-from farm.agent.replay import NotReplayable, RecordedRun, ReplayReport, replay
+from farm.agent.replay import RecordedRun, ReplayReport, replay
 from farm.config import Settings
 from farm.constants import Stage
 from farm.db import stored
 from farm.db.jobs import attempts
+from farm.errors import NotReplayable
 from farm.handlers.base import StageContext
 from farm.handlers.registry import get_handler
 from farm.llm.trajectory import ChatTokenizer

@@ -31,7 +31,7 @@ from farm.db.base import utcnow
 from farm.db.jobs import attempts
 from farm.db.models import Job
 from farm.db.stored import StoredJob
-from farm.errors import FarmError
+from farm.errors import FarmError, ReverifyRefused
 from farm.handlers.base import StageContext, TaskHandler
 from farm.handlers.registry import get_handler
 from farm.schemas import SamplingParams
@@ -41,14 +41,6 @@ from farm.worker.sandboxes import SandboxResources
 REVERIFY_KEY = "reverify"
 #: a rescore's error message is cut to this many characters.
 MAX_ERROR_CHARS = 2000
-
-
-class ReverifyRefused(FarmError):
-    """The batch holds rollouts whose grader cannot score them again (see ``TaskHandler.reverify_safe``)."""
-
-    def __init__(self, message: str, *, unsafe: dict[str, int]) -> None:
-        super().__init__(message)
-        self.unsafe = unsafe
 
 
 @dataclass(frozen=True)
@@ -184,7 +176,8 @@ async def _rescore(
     )
     # The handler gets its own copy of the state, as a stage does.
     result = await asyncio.wait_for(
-        rollout.handler.evaluate(rollout.config, copy.deepcopy(job.state), trajectory, ctx), timeout=timeout_s
+        rollout.handler.evaluate(rollout.config, rollout.handler.load_state(copy.deepcopy(job.state)), trajectory, ctx),
+        timeout=timeout_s,
     )
     return float(result.reward)
 

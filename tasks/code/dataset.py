@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tasks.budget import EpisodeBudget
+
 DATA_PATH = Path(__file__).parent / "data" / "problems.jsonl"
 
 
@@ -31,7 +33,7 @@ class CodeProblem(BaseModel):
         return f"{head}\n\n{self.prompt}\n\nAnswer with the code in a ```python block."
 
 
-class CodeConfig(BaseModel):
+class CodeConfig(EpisodeBudget):
     """What a trainer submits: a shipped ``problem_id``, or an inline problem with its tests."""
 
     model_config = ConfigDict(extra="forbid")
@@ -45,12 +47,6 @@ class CodeConfig(BaseModel):
     )
     timeout_s: float = Field(default=20.0, gt=0, le=600, description="wall-clock limit of the test run")
     max_turns: int = Field(default=4, ge=1, le=50)
-    max_episode_tokens: int | None = Field(default=None, ge=1, description="tokens the agent may sample in all")
-    keep_unseen_tail: bool = Field(
-        default=False,
-        description="keep the observation and generation prompt after the last model turn (never seen by the model)",
-    )
-    time_limit_s: float | None = Field(default=None, gt=0, description="wall-clock budget of the episode")
 
     @field_validator("problem_id")
     @classmethod

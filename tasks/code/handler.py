@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from farm.agent.handler import AgentHandler
+from farm.agent.handler import AgentHandler, AgentState
 from farm.agent.loop import Episode
 from farm.agent.toolbox import system_prompt
 from farm.errors import SandboxError
@@ -39,8 +39,17 @@ def _defines(source: str, name: str) -> bool:
     return re.search(rf"^\s*(async\s+)?def\s+{re.escape(name)}\s*\(", source, re.MULTILINE) is not None
 
 
-class CodeHandler(AgentHandler[CodeConfig]):
+class CodeState(AgentState):
+    """The solution RUN took (from the answer, or the file the agent wrote) for EVAL's hidden tests."""
+
+    solution: str = ""
+    #: "answer", or the file it was read from.
+    solution_from: str | None = None
+
+
+class CodeHandler(AgentHandler[CodeConfig, CodeState]):
     config_class = CodeConfig
+    state_class = CodeState
     # The solution is kept in the job's state; the hidden tests run in a fresh sandbox.
     reverify_safe = True
     answer_in_text = True
@@ -48,15 +57,15 @@ class CodeHandler(AgentHandler[CodeConfig]):
     def sandbox_spec(self, config: CodeConfig) -> SandboxSpec | None:
         return SandboxSpec() if config.max_turns > 1 else None
 
-    def messages(self, config: CodeConfig, state: dict[str, Any], specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def messages(self, config: CodeConfig, state: CodeState, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         system = system_prompt(SYSTEM_WITH_TOOLS, specs) if specs else SYSTEM
         return [{"role": "system", "content": system}, {"role": "user", "content": config.resolve().instruction()}]
 
     def collect(
-        self, config: CodeConfig, state: dict[str, Any], sandbox: Sandbox | None, episode: Episode
+        self, config: CodeConfig, state: CodeState, sandbox: Sandbox | None, episode: Episode
     ) -> dict[str, Any]:
         entry = config.resolve().entry_point
-        answer = extract_code(self.answer_text({"final_text": episode.final_text, "submitted": episode.submitted}))
+        answer = extract_code(self.answer_text(CodeState(final_text=episode.final_text, submitted=episode.submitted)))
         if _defines(answer, entry) or sandbox is None:
             return {"solution": answer, "solution_from": "answer"}
         try:
@@ -66,9 +75,9 @@ class CodeHandler(AgentHandler[CodeConfig]):
         return {"solution": written, "solution_from": SOLUTION_FILE}
 
     async def evaluate(
-        self, config: CodeConfig, state: dict[str, Any], trajectory: TrajectoryData, ctx: StageContext
+        self, config: CodeConfig, state: CodeState, trajectory: TrajectoryData, ctx: StageContext
     ) -> EvalResult:
-        return await asyncio.to_thread(self._grade, config, str(state.get("solution", "")), ctx)
+        return await asyncio.to_thread(self._grade, config, state.solution, ctx)
 
     def _grade(self, config: CodeConfig, solution: str, ctx: StageContext) -> EvalResult:
         problem = config.resolve()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from farm.errors import VerifierError
 from tasks.harbor.dataset import HarborConfig, list_examples, sample_configs
 from tasks.harbor.task import HarborTask, HarborTaskConfig, load_dataset, load_task
-from tasks.harbor.verifier import VerifierError, VerifierResult, read_reward, run_verifier, seed_workdir
+from tasks.harbor.verifier import VerifierResult, read_reward, run_verifier, seed_workdir
 
 __all__ = [
     "HarborConfig",

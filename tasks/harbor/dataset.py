@@ -6,15 +6,16 @@ import random
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from farm.errors import InvalidSpec
+from tasks.budget import EpisodeBudget
 from tasks.harbor.task import HarborTask, load_task
 
 EXAMPLES_DIR = Path(__file__).parent / "examples"
 
 
-class HarborConfig(BaseModel):
+class HarborConfig(EpisodeBudget):
     """What a trainer submits: a shipped ``example`` by name, or the ``path`` of a task directory.
 
     A ``path`` must be readable where the spec is validated (the API) and where the job runs
@@ -26,12 +27,6 @@ class HarborConfig(BaseModel):
     example: str | None = Field(default=None, max_length=200, description="name of a shipped example task")
     path: str | None = Field(default=None, max_length=4096, description="absolute path of a Harbor task directory")
     max_turns: int = Field(default=30, ge=1, le=500)
-    max_episode_tokens: int | None = Field(default=None, ge=1, description="tokens the agent may sample in all")
-    keep_unseen_tail: bool = Field(
-        default=False,
-        description="keep the observation and generation prompt after the last model turn (never seen by the model)",
-    )
-    time_limit_s: float | None = Field(default=None, gt=0, description="wall-clock budget of the episode")
     setup: str | None = Field(
         default=None,
         max_length=100_000,

@@ -24,17 +24,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from farm.agent.handler import AgentHandler
+from farm.agent.handler import AgentHandler, AgentState
 from farm.agent.loop import Budgets
 from farm.agent.toolbox import system_prompt
-from farm.errors import SandboxError
+from farm.errors import SandboxError, VerifierError
 from farm.handlers.base import StageContext
 from farm.sandbox.base import Limits, Sandbox, SandboxSpec
 from farm.sandbox.prepared import tree_digest
 from farm.schemas import EvalResult, TrajectoryData
 from tasks.harbor.dataset import HarborConfig
 from tasks.harbor.task import HarborTask
-from tasks.harbor.verifier import MAX_OUTPUT_BYTES, VerifierError, read_reward, seed_workdir
+from tasks.harbor.verifier import MAX_OUTPUT_BYTES, read_reward, seed_workdir
 
 WORKDIR = "/app"
 REWARD_FILES = ("reward.txt", "reward.json")
@@ -44,8 +44,13 @@ SYSTEM = (
 )
 
 
-class HarborHandler(AgentHandler[HarborConfig]):
+class HarborState(AgentState):
+    """``AgentState``'s own fields: EVAL runs the verifier in the sandbox the agent left."""
+
+
+class HarborHandler(AgentHandler[HarborConfig, HarborState]):
     config_class = HarborConfig
+    state_class = HarborState
     # test.sh reads the agent's environment as it was left, which is gone once the job is done.
     reverify_safe = False
 
@@ -73,20 +78,18 @@ class HarborHandler(AgentHandler[HarborConfig]):
             keep_unseen_tail=config.keep_unseen_tail,
         )
 
-    def messages(
-        self, config: HarborConfig, state: dict[str, Any], specs: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+    def messages(self, config: HarborConfig, state: HarborState, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [
             {"role": "system", "content": system_prompt(SYSTEM, specs)},
             {"role": "user", "content": config.resolve().instruction},
         ]
 
     async def evaluate(
-        self, config: HarborConfig, state: dict[str, Any], trajectory: TrajectoryData, ctx: StageContext
+        self, config: HarborConfig, state: HarborState, trajectory: TrajectoryData, ctx: StageContext
     ) -> EvalResult:
         return await asyncio.to_thread(self._verify, config, state, ctx)
 
-    def _verify(self, config: HarborConfig, state: dict[str, Any], ctx: StageContext) -> EvalResult:
+    def _verify(self, config: HarborConfig, state: HarborState, ctx: StageContext) -> EvalResult:
         task = config.resolve()
         with self.attached(state, ctx) as sandbox:
             return self._verify_in(task, sandbox)

@@ -20,24 +20,14 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from farm.errors import FarmError
+from farm.errors import VerifierError
 from tasks._proc import run_bounded
 from tasks.harbor.task import HarborTask
 
-VerifierErrorKind = Literal["no_reward_file", "bad_reward", "timeout"]
 #: output of test.sh kept for the error message / info.
 MAX_OUTPUT_BYTES = 32_000
-
-
-class VerifierError(FarmError):
-    """The verifier did not produce a reward (``kind`` says how); an infrastructure failure."""
-
-    def __init__(self, message: str, *, kind: VerifierErrorKind, output: str = "", **context: Any) -> None:
-        super().__init__(message, kind=kind, **context)
-        self.kind = kind
-        self.output = output
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import asyncio
 import time
 from typing import Any
 
+from farm.agent.handler import AgentState
 from farm.constants import Outcome
 from farm.errors import InvalidSpec, SandboxError
 from farm.handlers.base import OpenTrial, StageContext, TaskHandler
@@ -38,8 +39,15 @@ HARNESS_PATH_KEY = "harness_path"
 MAX_OUTPUT_CHARS = 8000
 
 
-class HarnessHandler(TaskHandler[HarnessConfig]):
+class HarnessState(AgentState):
+    """The inner task's state (its own keys kept as they are) and the PATH the harness runs with."""
+
+    harness_path: str = DEFAULT_PATH
+
+
+class HarnessHandler(TaskHandler[HarnessConfig, HarnessState]):
     config_class = HarnessConfig
+    state_class = HarnessState
 
     def can_reverify(self, config: HarnessConfig) -> bool:
         # The inner task's grader scores what collect() took out of the sandbox (a swe diff), or the sandbox itself.
@@ -50,8 +58,8 @@ class HarnessHandler(TaskHandler[HarnessConfig]):
         inner = get_handler(config.task.type)
         return inner, inner.validate(config.task.config)
 
-    async def init(self, config: HarnessConfig, ctx: StageContext) -> dict[str, Any]:
-        return await self._new_sandbox(config, ctx)
+    async def init(self, config: HarnessConfig, ctx: StageContext) -> HarnessState:
+        return self.load_state(await self._new_sandbox(config, ctx))
 
     async def _new_sandbox(self, config: HarnessConfig, ctx: StageContext) -> dict[str, Any]:
         """The inner task's sandbox, with the proxy offered inside it and the harness's environment bound in."""
@@ -72,29 +80,29 @@ class HarnessHandler(TaskHandler[HarnessConfig]):
         _, state = await asyncio.to_thread(inner._new_sandbox, inner_config, spec, ctx)
         return {**state, HARNESS_PATH_KEY: path}
 
-    async def run(self, config: HarnessConfig, state: dict[str, Any], ctx: StageContext) -> RunResult:
+    async def run(self, config: HarnessConfig, state: HarnessState, ctx: StageContext) -> RunResult:
         inner, inner_config = self._inner(config)
         if ctx.attempt > 1:  # the failed attempt's harness may have left the workspace half-edited
-            await asyncio.to_thread(ctx.sandboxes.destroy, state["sandbox"])
-            state = {**state, **await self._new_sandbox(config, ctx)}
-        sandbox = await asyncio.to_thread(ctx.sandboxes.attach, state["sandbox"])
+            await asyncio.to_thread(ctx.sandboxes.destroy, _sandbox_id(state))
+            state = state.updated(await self._new_sandbox(config, ctx))
+        sandbox_id = _sandbox_id(state)
+        inner_state = inner.load_state(state.stored())
+        sandbox = await asyncio.to_thread(ctx.sandboxes.attach, sandbox_id)
         # The trial overrides only what the trainer set (a default max_tokens would override the
         # harness's own); a seed it set becomes this job's seed.
         sampling = ctx.sampling.model_dump(exclude_unset=True)
         if sampling.get("seed") is not None:
             sampling["seed"] = ctx.seed
-        trial = await asyncio.to_thread(
-            ctx.trials.open, job_id=ctx.job_id, attempt=ctx.attempt, sampling=sampling
-        )
+        trial = await asyncio.to_thread(ctx.trials.open, job_id=ctx.job_id, attempt=ctx.attempt, sampling=sampling)
         try:
-            instruction = inner.messages(inner_config, state, [])[-1]["content"]
+            instruction = inner.messages(inner_config, inner_state, [])[-1]["content"]
             launch = presets.launch(config.harness, _endpoint(trial), instruction=instruction, workdir=sandbox.workdir)
-            launch.env["PATH"] = state.get(HARNESS_PATH_KEY, DEFAULT_PATH)
+            launch.env["PATH"] = state.harness_path
             for path, text in launch.files.items():
                 await asyncio.to_thread(sandbox.put_file, path, text.encode())
             limit = min(x for x in (config.harness.time_limit_s, ctx.remaining_s(), _task_limit(inner_config)) if x)
             started = time.monotonic()
-            watcher = asyncio.create_task(_stop_when_cancelled(ctx, state["sandbox"]))
+            watcher = asyncio.create_task(_stop_when_cancelled(ctx, sandbox_id))
             try:
                 result = await asyncio.to_thread(
                     sandbox.run, launch.argv, timeout_s=limit, cwd=sandbox.workdir, env=launch.env
@@ -110,7 +118,7 @@ class HarnessHandler(TaskHandler[HarnessConfig]):
             record = await asyncio.to_thread(ctx.trials.close, trial.id)
             if ctx.is_cancelled():
                 return _cancelled(state)
-            collected = await asyncio.to_thread(inner.collect, inner_config, state, sandbox, _episode())
+            collected = await asyncio.to_thread(inner.collect, inner_config, inner_state, sandbox, _episode())
         finally:
             sandbox.detach()
         outcome, reason = Outcome.OK, None
@@ -130,18 +138,20 @@ class HarnessHandler(TaskHandler[HarnessConfig]):
             "harness_s": round(elapsed, 3),
             "output": result.output[-MAX_OUTPUT_CHARS:],
         }
-        return RunResult(trajectory=_main(record, info), outcome=outcome, reason=reason, state={**state, **collected})
+        return RunResult(
+            trajectory=_main(record, info), outcome=outcome, reason=reason, state={**state.stored(), **collected}
+        )
 
     async def evaluate(
-        self, config: HarnessConfig, state: dict[str, Any], trajectory: TrajectoryData, ctx: StageContext
+        self, config: HarnessConfig, state: HarnessState, trajectory: TrajectoryData, ctx: StageContext
     ) -> EvalResult:
         inner, inner_config = self._inner(config)
-        result: EvalResult = await inner.evaluate(inner_config, state, trajectory, ctx)
+        result: EvalResult = await inner.evaluate(inner_config, inner.load_state(state.stored()), trajectory, ctx)
         return result
 
-    async def teardown(self, config: HarnessConfig, state: dict[str, Any], ctx: StageContext) -> None:
+    async def teardown(self, config: HarnessConfig, state: HarnessState, ctx: StageContext) -> None:
         inner, inner_config = self._inner(config)
-        await inner.teardown(inner_config, state, ctx)
+        await inner.teardown(inner_config, inner.load_state(state.stored()), ctx)
 
 
 #: how often a running harness's job looks at its cancel flag.
@@ -157,9 +167,15 @@ async def _stop_when_cancelled(ctx: StageContext, sandbox_id: str) -> None:
     await asyncio.to_thread(ctx.sandboxes.destroy, sandbox_id)
 
 
-def _cancelled(state: dict[str, Any]) -> RunResult:
+def _cancelled(state: HarnessState) -> RunResult:
     empty = TrajectoryData(token_ids=[], logprobs=[], loss_mask=[])
-    return RunResult(trajectory=empty, outcome=Outcome.CANCELLED, reason="the job was cancelled", state=state)
+    return RunResult(trajectory=empty, outcome=Outcome.CANCELLED, reason="the job was cancelled", state=state.stored())
+
+
+def _sandbox_id(state: HarnessState) -> str:
+    if state.sandbox is None:  # INIT made none: a handler bug, as a missing key of the dict state was
+        raise KeyError("sandbox")
+    return state.sandbox
 
 
 def _endpoint(trial: OpenTrial) -> presets.Endpoint:

@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tasks.budget import EpisodeBudget
+
 DATA_PATH = Path(__file__).parent / "data" / "problems.jsonl"
 
 
@@ -28,7 +30,7 @@ class MathProblem(BaseModel):
         return f"{self.problem}\n\nGive your final answer as \\boxed{{...}}."
 
 
-class MathConfig(BaseModel):
+class MathConfig(EpisodeBudget):
     """What a trainer submits: a shipped ``problem_id``, or an inline ``problem`` with its ``answer``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -37,12 +39,6 @@ class MathConfig(BaseModel):
     problem: str | None = Field(default=None, min_length=1, max_length=20_000)
     answer: str | None = Field(default=None, min_length=1, max_length=500, description="reference answer")
     max_turns: int = Field(default=1, ge=1, le=50, description="turns the agent may take before answering")
-    max_episode_tokens: int | None = Field(default=None, ge=1, description="tokens the agent may sample in all")
-    keep_unseen_tail: bool = Field(
-        default=False,
-        description="keep the observation and generation prompt after the last model turn (never seen by the model)",
-    )
-    time_limit_s: float | None = Field(default=None, gt=0, description="wall-clock budget of the episode")
 
     @field_validator("problem_id")
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from farm.agent.handler import AgentHandler
+from farm.agent.handler import AgentHandler, AgentState
 from farm.agent.toolbox import system_prompt
 from farm.handlers.base import StageContext
 from farm.sandbox.base import SandboxSpec
@@ -26,8 +26,13 @@ SYSTEM_WITH_TOOLS = (
 )
 
 
-class MathHandler(AgentHandler[MathConfig]):
+class MathState(AgentState):
+    """The answer is the final reply or submit's ``answer`` (``AgentState``'s own fields)."""
+
+
+class MathHandler(AgentHandler[MathConfig, MathState]):
     config_class = MathConfig
+    state_class = MathState
     # The answer is the final reply (or submit's answer), kept in the job's state.
     reverify_safe = True
     answer_in_text = True
@@ -38,12 +43,12 @@ class MathHandler(AgentHandler[MathConfig]):
     def tool_names(self, config: MathConfig) -> list[str]:
         return ["ipython"]
 
-    def messages(self, config: MathConfig, state: dict[str, Any], specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def messages(self, config: MathConfig, state: MathState, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         system = system_prompt(SYSTEM_WITH_TOOLS, specs) if specs else SYSTEM
         return [{"role": "system", "content": system}, {"role": "user", "content": config.resolve().instruction()}]
 
     async def evaluate(
-        self, config: MathConfig, state: dict[str, Any], trajectory: TrajectoryData, ctx: StageContext
+        self, config: MathConfig, state: MathState, trajectory: TrajectoryData, ctx: StageContext
     ) -> EvalResult:
         # The symbolic check runs in a child process with its own timeout; keep the loop free meanwhile.
         reward, info = await asyncio.to_thread(grade, self.answer_text(state), config.resolve().answer)

@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tasks.budget import EpisodeBudget
+
 INSTANCES_DIR = Path(__file__).parent / "instances"
 
 
@@ -55,19 +57,13 @@ class SweInstance(BaseModel):
         return INSTANCES_DIR / self.instance_id / "repo"
 
 
-class SweConfig(BaseModel):
+class SweConfig(EpisodeBudget):
     """What a trainer submits: a shipped instance by id."""
 
     model_config = ConfigDict(extra="forbid")
 
     instance_id: str = Field(max_length=200)
     max_turns: int = Field(default=30, ge=1, le=500)
-    max_episode_tokens: int | None = Field(default=None, ge=1, description="tokens the agent may sample in all")
-    keep_unseen_tail: bool = Field(
-        default=False,
-        description="keep the observation and generation prompt after the last model turn (never seen by the model)",
-    )
-    time_limit_s: float | None = Field(default=None, gt=0, description="wall-clock budget of the episode")
     test_timeout_s: float = Field(default=120.0, gt=0, le=3600, description="wall-clock limit of the test run")
     setup: str | None = Field(
         default=None,

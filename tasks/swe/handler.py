@@ -18,7 +18,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from farm.agent.handler import AgentHandler
+from farm.agent.handler import AgentHandler, AgentState
 from farm.agent.loop import Episode
 from farm.agent.toolbox import system_prompt
 from farm.errors import SandboxError, TaskSetupFailed
@@ -65,8 +65,18 @@ def exclude_setup_products_command(base_commit: str) -> str:
     )
 
 
-class SweHandler(AgentHandler[SweConfig]):
+class SweState(AgentState):
+    """The base commit the workspace starts from (INIT), and the agent's diff from it (RUN)."""
+
+    base_commit: str = ""
+    #: None: no diff could be taken (``patch_error`` says why).
+    patch: str | None = None
+    patch_error: str | None = None
+
+
+class SweHandler(AgentHandler[SweConfig, SweState]):
     config_class = SweConfig
+    state_class = SweState
     # The diff is taken at the end of RUN and kept in the job's state; EVAL applies it to a fresh copy.
     reverify_safe = True
 
@@ -81,32 +91,30 @@ class SweHandler(AgentHandler[SweConfig]):
         if not result.ok:
             raise TaskSetupFailed(f"{config.instance_id}: {result.output[-1000:].strip() or result.error}")
 
-    def messages(self, config: SweConfig, state: dict[str, Any], specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def messages(self, config: SweConfig, state: SweState, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [
             {"role": "system", "content": system_prompt(SYSTEM, specs)},
             {"role": "user", "content": config.resolve().instruction()},
         ]
 
-    def collect(
-        self, config: SweConfig, state: dict[str, Any], sandbox: Sandbox | None, episode: Episode
-    ) -> dict[str, Any]:
+    def collect(self, config: SweConfig, state: SweState, sandbox: Sandbox | None, episode: Episode) -> dict[str, Any]:
         assert sandbox is not None
-        result = sandbox.run(["bash", "-c", diff_command(state["base_commit"])], timeout_s=120)
+        result = sandbox.run(["bash", "-c", diff_command(state.base_commit)], timeout_s=120)
         if not result.ok:
             # The agent broke its own checkout (removed .git, say): no diff, scored as such.
             return {"patch": None, "patch_error": result.output[-1000:] or str(result.error)}
         return {"patch": sandbox.get_file(PATCH_FILE).decode("utf-8", errors="replace")}
 
     async def evaluate(
-        self, config: SweConfig, state: dict[str, Any], trajectory: TrajectoryData, ctx: StageContext
+        self, config: SweConfig, state: SweState, trajectory: TrajectoryData, ctx: StageContext
     ) -> EvalResult:
         return await asyncio.to_thread(self._grade, config, state, ctx)
 
-    def _grade(self, config: SweConfig, state: dict[str, Any], ctx: StageContext) -> EvalResult:
+    def _grade(self, config: SweConfig, state: SweState, ctx: StageContext) -> EvalResult:
         instance = config.resolve()
-        patch = state.get("patch")
+        patch = state.patch
         if patch is None:
-            why = f"no diff could be taken from the agent's checkout: {state.get('patch_error', '')}"
+            why = f"no diff could be taken from the agent's checkout: {state.patch_error or ''}"
             return EvalResult(reward=0.0, metrics={"resolved": 0.0}, info={"swe": {"reason": why}})
         with ctx.sandboxes.scratch_dir(prefix=f"job{ctx.job_id}-eval-") as scratch:
             with self.pristine(config, ctx) as pristine:

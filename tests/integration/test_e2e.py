@@ -105,6 +105,24 @@ def test_handler_bug_fails_the_job_at_once_as_a_handler_error(client: FarmClient
     assert [s.status for s in job.stages if s.stage is Stage.RUN] == [StageStatus.ERROR]  # a bug is not retried
 
 
+class WrongStateEchoHandler(EchoHandler):
+    """RUN hands on a state its EchoState refuses (a number where the target text goes)."""
+
+    async def run(self, config, state, ctx):
+        result = await super().run(config, state, ctx)
+        return result.model_copy(update={"state": {"target": 5}})
+
+
+def test_a_state_that_does_not_fit_fails_the_stage_that_hands_it_on(client: FarmClient):
+    batch = client.submit([{"type": "tests.integration.test_e2e:WrongStateEchoHandler", "config": {"text": "x"}}])
+    [result] = list(client.results(batch.id, wait_s=10))
+    job = client.job(result.job.id)
+    assert job.outcome is Outcome.HANDLER_ERROR and "ValidationError" in (job.reason or "")
+    # Refused where RUN hands it on, not where EVAL reads it back.
+    assert [s.status for s in job.stages if s.stage is Stage.RUN] == [StageStatus.ERROR]
+    assert [s.stage for s in job.stages if s.stage is Stage.EVAL] == []
+
+
 def test_persistent_infrastructure_fault_fails_the_job_without_a_reward(client: FarmClient):
     batch = client.submit([echo("broken", fail_stage="eval", fail_attempts=10)])
     results = list(client.results(batch.id, wait_s=10))

@@ -6,8 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from farm.bridges.samples import SampleFailed, to_sample
+from farm.bridges.samples import to_sample
 from farm.constants import JobState, Outcome
+from farm.errors import SampleFailed
 from farm.schemas import JobOut, JobResult, TrajectoryOut
 
 

@@ -11,7 +11,7 @@ import pytest
 from farm.constants import Outcome, Stage
 from farm.errors import ConfigError, FarmError, HandlerNotFound, InvalidSpec, SandboxError
 from farm.handlers.base import StageContext
-from farm.handlers.echo import EchoConfig, EchoHandler
+from farm.handlers.echo import EchoConfig, EchoHandler, EchoState
 from farm.handlers.registry import get_config_class, get_handler, known_handlers
 from farm.sandbox.base import SandboxSpec
 from farm.schemas import SamplingParams
@@ -135,9 +135,9 @@ def test_echo_runs_all_stages_and_rewards_an_exact_copy():
     state = asyncio.run(h.init(config, ctx(Stage.INIT)))
     result = asyncio.run(h.run(config, state, ctx(Stage.RUN)))
     t = result.trajectory
-    assert t.loss_mask == [0] * len(state["prompt_ids"]) + [1] * 4  # "cba" + eos
-    assert t.turn_offsets == [0, len(state["prompt_ids"])]
-    reward = asyncio.run(h.evaluate(config, {**state, **result.state}, t, ctx(Stage.EVAL)))
+    assert t.loss_mask == [0] * len(state.prompt_ids) + [1] * 4  # "cba" + eos
+    assert t.turn_offsets == [0, len(state.prompt_ids)]
+    reward = asyncio.run(h.evaluate(config, state.updated(result.state), t, ctx(Stage.EVAL)))
     assert reward.reward == 1.0 and reward.metrics["exact"] == 1.0
 
 
@@ -148,7 +148,7 @@ def test_echo_noise_lowers_reward_deterministically_per_seed():
 
     def score(seed: int) -> float:
         r = asyncio.run(h.run(config, state, ctx(Stage.RUN, seed=seed)))
-        return asyncio.run(h.evaluate(config, {**state, **r.state}, r.trajectory, ctx(Stage.EVAL))).reward
+        return asyncio.run(h.evaluate(config, state.updated(r.state), r.trajectory, ctx(Stage.EVAL))).reward
 
     assert score(3) == score(3) < 1.0
     assert len({score(s) for s in range(6)}) > 1
@@ -159,7 +159,7 @@ def test_echo_simulated_fault_only_on_early_attempts():
     config = h.validate({"text": "x", "fail_stage": "init", "fail_attempts": 1})
     with pytest.raises(SandboxError, match="simulated init failure"):
         asyncio.run(h.init(config, ctx(Stage.INIT, attempt=1)))
-    assert asyncio.run(h.init(config, ctx(Stage.INIT, attempt=2)))["prompt_ids"]
+    assert asyncio.run(h.init(config, ctx(Stage.INIT, attempt=2))).prompt_ids
 
 
 def test_echo_run_stops_early_when_cancelled():
@@ -172,7 +172,7 @@ def test_echo_run_stops_early_when_cancelled():
 
 
 def test_generate_pays_an_exact_reply_and_not_one_that_merely_contains_the_reference():
-    from farm.handlers.generate import GenerateConfig, GenerateHandler
+    from farm.handlers.generate import GenerateConfig, GenerateHandler, GenerateState
     from farm.schemas import TrajectoryData
 
     handler = GenerateHandler()
@@ -181,7 +181,7 @@ def test_generate_pays_an_exact_reply_and_not_one_that_merely_contains_the_refer
     contains = exact.model_copy(update={"match": "contains"})
 
     def reward(config, reply: str) -> float:
-        return asyncio.run(handler.evaluate(config, {"reply": reply}, empty, None)).reward  # type: ignore[arg-type]
+        return asyncio.run(handler.evaluate(config, GenerateState(reply=reply), empty, None)).reward  # type: ignore[arg-type]
 
     assert reward(exact, " 4\n") == 1.0
     assert reward(exact, "1 2 3 4 5 6 7 8 9") == 0.0  # listing candidates earns nothing
@@ -189,7 +189,7 @@ def test_generate_pays_an_exact_reply_and_not_one_that_merely_contains_the_refer
 
 
 def test_generate_charset_pays_the_share_of_characters_in_the_set():
-    from farm.handlers.generate import GenerateConfig, GenerateHandler
+    from farm.handlers.generate import GenerateConfig, GenerateHandler, GenerateState
     from farm.schemas import TrajectoryData
 
     handler = GenerateHandler()
@@ -197,7 +197,7 @@ def test_generate_charset_pays_the_share_of_characters_in_the_set():
     vowels = GenerateConfig(messages=[{"role": "user", "content": "vowels"}], reference="aeiou", match="charset")
 
     def reward(reply: str) -> float:
-        return asyncio.run(handler.evaluate(vowels, {"reply": reply}, empty, None)).reward  # type: ignore[arg-type]
+        return asyncio.run(handler.evaluate(vowels, GenerateState(reply=reply), empty, None)).reward  # type: ignore[arg-type]
 
     assert reward("aeiou") == 1.0
     assert reward("a b c d") == 0.25  # spaces do not count either way
@@ -215,7 +215,7 @@ def test_echo_counts_characters_past_the_target_against_the_response():
     def reward(response: str) -> float:
         ids = _encode(response)
         trajectory = TrajectoryData(token_ids=ids, logprobs=[0.0] * len(ids), loss_mask=[1] * len(ids))
-        state = {"target": "abcd"}
+        state = EchoState(target="abcd")
         ctx = StageContext(
             job_id=1,
             batch_id=1,

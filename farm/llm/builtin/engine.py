@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 import torch
 
+from farm.errors import EngineRequestError
 from farm.llm.builtin.forward import alloc_kv, forward
 from farm.llm.builtin.kvcache import PrefixCache
 from farm.llm.builtin.sampler import sample_token
@@ -56,10 +57,6 @@ DEFAULT_TORCH_THREADS = 1
 MAX_PREFILL_TOKENS = 8192
 #: how long the idle loop waits for work before checking whether it should stop.
 IDLE_POLL_S = 0.05
-
-
-class EngineRequestError(ValueError):
-    """A request the engine cannot run (prompt too long, token id out of range); the server answers 400."""
 
 
 @dataclass

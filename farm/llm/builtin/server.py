@@ -38,7 +38,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
-from farm.llm.builtin.engine import Engine, EngineOutput, EngineRequestError
+from farm.errors import EngineRequestError
+from farm.llm.builtin.engine import Engine, EngineOutput
 from farm.llm.builtin.script import Script, ScriptFile
 from farm.llm.builtin.stream import DONE, Feed, TextDelta, deltas, guarded, result_or_abort, sse
 from farm.llm.types import DEFAULT_MAX_TOKENS, SamplingParams

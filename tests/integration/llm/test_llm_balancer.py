@@ -306,7 +306,14 @@ def test_session_releases_on_cancel(balancer):
     assert balancer.assignment("job") is None
 
 
-def test_session_reroutes_off_an_unreachable_backend_and_records_the_move(balancer, builtin_server):
+async def _streamed(llm, prompt_ids):
+    items = [item async for item in llm.generate_stream(prompt_ids)]
+    return items[-1]
+
+
+# generate and generate_stream share one re-route policy: both are held to it.
+@pytest.mark.parametrize("call", [lambda llm, ids: llm.generate(ids), _streamed], ids=["generate", "stream"])
+def test_session_reroutes_off_an_unreachable_backend_and_records_the_move(balancer, builtin_server, call):
     dead = f"http://127.0.0.1:{free_port()}"
     balancer.add_backend(backend_id="dead", url=dead)
     balancer.acquire("job")  # the job's first turn went to "dead"
@@ -316,7 +323,7 @@ def test_session_reroutes_off_an_unreachable_backend_and_records_the_move(balanc
         pool = ClientPool(connect_retries=0)
         try:
             async with LLMSession(balancer=balancer, job_id="job", clients=pool) as llm:
-                return llm, await llm.generate([5, 6, 7])
+                return llm, await call(llm, [5, 6, 7])
         finally:
             await pool.aclose()
 

@@ -10,10 +10,10 @@ import pytest
 from farm.agent.handler import AgentHandler
 from farm.agent.toolcalls import format_call
 from farm.constants import Outcome
+from farm.errors import VerifierError
 from farm.handlers.registry import get_handler
 from farm.testing import run_stages
 from tasks.harbor.dataset import EXAMPLES_DIR
-from tasks.harbor.verifier import VerifierError
 from tasks.swe.dataset import instances_by_id
 
 INSTANCE = "rollout-farm__semver-1"
@@ -161,13 +161,13 @@ def test_agent_killing_its_sandbox_is_a_sandbox_error_and_the_retry_starts_over(
     import asyncio
 
     state = asyncio.run(handler.init(config, stage_context(Stage.INIT, llm, sandboxes)))
-    first = state["sandbox"]
+    first = state.sandbox
     with pytest.raises(SandboxError):
         asyncio.run(handler.run(config, state, stage_context(Stage.RUN, llm, sandboxes, attempt=1)))
     llm.turns = [_bash("printf 'Hello, farm!\\n' > hello.txt"), format_call("submit", {})]
     run = asyncio.run(handler.run(config, state, stage_context(Stage.RUN, llm, sandboxes, attempt=2)))
     assert run.outcome is Outcome.OK and run.state["sandbox"] != first
-    state = {**state, **run.state}
+    state = state.updated(run.state)
     result = asyncio.run(handler.evaluate(config, state, run.trajectory, stage_context(Stage.EVAL, llm, sandboxes)))
     assert result.reward == 1.0
     asyncio.run(handler.teardown(config, state, stage_context(Stage.EVAL, llm, sandboxes)))

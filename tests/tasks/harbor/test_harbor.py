@@ -5,11 +5,11 @@ import subprocess
 
 import pytest
 
-from farm.errors import InvalidSpec
+from farm.errors import InvalidSpec, VerifierError
 from farm.handlers.base import validate_config
 from tasks.harbor.dataset import EXAMPLES_DIR, HarborConfig, list_examples, sample_configs
 from tasks.harbor.task import load_dataset, load_task
-from tasks.harbor.verifier import VerifierError, read_reward, run_verifier, seed_workdir
+from tasks.harbor.verifier import read_reward, run_verifier, seed_workdir
 
 
 def copy_example(tmp_path, name):

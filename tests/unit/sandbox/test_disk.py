@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from farm.config import Settings
-from farm.errors import SandboxUnavailable
+from farm.errors import DiskQuotaUnavailable, SandboxUnavailable
 from farm.sandbox import SandboxSpec, create_sandbox, disk
 from farm.sandbox import server_sandbox as sandbox_common
 from farm.sandbox.base import Limits
-from farm.sandbox.disk import DiskQuotaUnavailable, mkfs_argv, mount_argv, release_fs
+from farm.sandbox.disk import mkfs_argv, mount_argv, release_fs
 
 IN_CI = bool(os.environ.get("CI"))
 

@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from farm.tools.wire import WireError, bind_unix, connect_unix, recv_msg, send_msg
+from farm.errors import WireError
+from farm.tools.wire import bind_unix, connect_unix, recv_msg, send_msg
 
 
 def test_wire_round_trip_small_and_large_frames() -> None:

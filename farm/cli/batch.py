@@ -1,0 +1,165 @@
+"""Commands that talk to a running farm's API: submit a batch and follow it, status, report,
+cancel; and the demo, which starts its own."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from farm.cli.base import api_client, console, load_settings, main
+
+
+def _read_tasks(path: Path) -> list[dict[str, Any]]:
+    tasks = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            tasks.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"{path}:{n}: not JSON ({exc.msg})") from exc
+    if not tasks:
+        raise click.BadParameter(f"{path} holds no task")
+    return tasks
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--group-size", "-n", type=int, default=1, show_default=True)
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--max-tokens", type=int, default=1024, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--idempotency-key", default=None)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write results as JSONL")
+@click.option("--wait/--no-wait", default=True, show_default=True)
+@click.option("--url", default=None, help="API URL (default: from settings)")
+def submit(
+    file: Path,
+    group_size: int,
+    temperature: float,
+    max_tokens: int,
+    seed: int | None,
+    idempotency_key: str | None,
+    out: Path | None,
+    wait: bool,
+    url: str | None,
+) -> None:
+    """Submit FILE (JSONL, one task spec per line: {"type": ..., "config": {...}}) and follow it."""
+    from farm.errors import ApiError
+    from farm.progress import follow, summarize, summary_table
+
+    tasks = _read_tasks(file)
+    with api_client(load_settings(), url) as client:
+        try:
+            batch = client.submit(
+                tasks,
+                group_size=group_size,
+                idempotency_key=idempotency_key,
+                sampling={"temperature": temperature, "max_tokens": max_tokens, "seed": seed},
+            )
+        except ApiError as exc:
+            console.print(f"[red]refused ({exc.status} {exc.code}):[/] {exc.detail}")
+            sys.exit(2)
+        console.print(f"batch [bold]{batch.id}[/]: {len(batch.job_ids)} jobs")
+        if not wait:
+            return
+        sink = open(out, "w") if out else None  # noqa: SIM115
+        try:
+            results = follow(client, batch.id, len(batch.job_ids), console=console, out=sink)
+        finally:
+            if sink:
+                sink.close()
+        console.print(summary_table(summarize(results), title=f"batch {batch.id}"))
+
+
+@main.command()
+@click.argument("batch_id", type=int, required=False)
+@click.option(
+    "--watch/--once",
+    default=None,
+    help="redraw every 2 s until Ctrl-C (default: when the terminal is interactive)",
+)
+@click.option("--json", "as_json", is_flag=True, help="print the answer as JSON instead")
+@click.option("--url", default=None)
+def status(batch_id: int | None, watch: bool | None, as_json: bool, url: str | None) -> None:
+    """The farm at a glance (pools, queues, backends, running batches), or one batch's status."""
+    client_url = url or load_settings().api_url
+    with api_client(load_settings(), url) as client:
+        if batch_id is not None:
+            console.print_json(client.status(batch_id).model_dump_json())
+            return
+        if as_json:
+            console.print_json(client.overview().model_dump_json())
+            return
+        from rich.live import Live
+
+        from farm.errors import ApiError
+        from farm.schemas import Health
+        from farm.status_view import overview_view
+
+        def view() -> Any:
+            try:
+                health = client.health()
+            except ApiError as exc:  # /readyz says 503 with what is down: still show the rest
+                health = Health(status="unavailable", checks={"readyz": exc.detail}, version="?")
+            return overview_view(health, client.overview(), url=client_url)
+
+        if not (watch if watch is not None else console.is_terminal):
+            console.print(view())
+            return
+        with Live(view(), console=console, refresh_per_second=1, transient=False) as live:
+            try:
+                while True:
+                    time.sleep(2.0)
+                    live.update(view())
+            except KeyboardInterrupt:
+                pass
+
+
+@main.command()
+@click.argument("batch_id", type=int)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="the HTML page (default: batch-BATCH_ID.html)",
+)
+@click.option("--png/--no-png", default=True, show_default=True, help="also write the figures as one PNG next to it")
+@click.option("--url", default=None)
+def report(batch_id: int, out: Path | None, png: bool, url: str | None) -> None:
+    """Write a self-contained HTML page (and a PNG) of a batch: a per-job INIT/RUN/EVAL timeline,
+    throughput, outcomes and rewards per task type."""
+    from farm.report import fetch_results, render
+
+    html_path = out or Path(f"batch-{batch_id}.html")
+    png_path = html_path.with_suffix(".png") if png else None
+    with api_client(load_settings(), url) as client:
+        status = client.status(batch_id)
+        with console.status(f"reading batch {batch_id}'s results..."):
+            results = fetch_results(client, batch_id)
+    render(status, results, html_path=html_path, png_path=png_path)
+    console.print(f"wrote {html_path}" + (f" and {png_path}" if png_path else "") + f" ({len(results)} finished jobs)")
+
+
+@main.command()
+@click.argument("batch_id", type=int)
+@click.option("--url", default=None)
+def cancel(batch_id: int, url: str | None) -> None:
+    """Cancel a batch."""
+    with api_client(load_settings(), url) as client:
+        console.print_json(client.cancel(batch_id).model_dump_json())
+
+
+@main.command()
+@click.option("--tasks", "num_tasks", type=int, default=16, show_default=True)
+@click.option("--group-size", "-n", type=int, default=4, show_default=True)
+def demo(num_tasks: int, group_size: int) -> None:
+    """Start the embedded stack, run a demo batch through INIT/RUN/EVAL, show the results, stop."""
+    from farm.demo import run_demo
+
+    sys.exit(run_demo(load_settings(), num_tasks=num_tasks, group_size=group_size, console=console))

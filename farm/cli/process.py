@@ -1,0 +1,62 @@
+"""Binding the proxy's sockets and starting its serving processes (``farm proxy``)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from farm.cli.base import load_settings
+from farm.config import Settings
+
+#: what uvicorn's supervisor imports in each child of ``farm proxy --processes N``.
+APP_FACTORY = "farm.cli.process:proxy_app_from_environment"
+
+
+def bind_proxy_sockets(
+    settings: Settings, *, host: str | None, port: int | None, unix_path: Path | None
+) -> list[socket.socket]:
+    """The proxy's TCP socket and, where one is configured, its Unix socket (bound here, before any
+    serving process starts, so every one of them shares the same ones)."""
+    tcp = socket.create_server((host or settings.proxy.host, port or settings.proxy.port), reuse_port=False)
+    sockets = [tcp]
+    path = unix_path or settings.proxy.socket
+    if path is not None:
+        path.unlink(missing_ok=True)
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(str(path))
+        path.chmod(0o666)  # sandboxed harnesses run as another uid; the trial key is the access control
+        sockets.append(unix)
+    return sockets
+
+
+def serve_proxy(settings: Settings, sockets: list[socket.socket], *, processes: int) -> None:
+    """Serve the proxy on ``sockets`` in this process, or in ``processes`` children of it."""
+    import uvicorn
+
+    from farm.proxy.app import create_proxy_app
+
+    if processes == 1:
+        config = uvicorn.Config(create_proxy_app(settings), log_level="info", timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=sockets)
+        return
+    from uvicorn.supervisors import Multiprocess
+
+    # One event loop serves a process's calls one slice at a time; more processes on the same sockets
+    # let the kernel spread calls over cores. uvicorn's supervisor spawns them (an app by import
+    # string: each child builds its own from the same environment) and replaces one that dies.
+    config = uvicorn.Config(
+        APP_FACTORY,
+        factory=True,
+        workers=processes,
+        log_level="info",
+        timeout_graceful_shutdown=5,
+    )
+    Multiprocess(config, sockets=sockets).run()
+
+
+def proxy_app_from_environment() -> Any:
+    """The proxy app of one of ``farm proxy --processes N``'s children (settings from its environment)."""
+    from farm.proxy.app import create_proxy_app
+
+    return create_proxy_app(load_settings())
