@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from farm.http import plain_http
+from farm.httpenv import plain_http
 
 #: bytes per read of a body that is not read into a buffer (errors, JSON pages).
 _READ_BYTES = 64 * 1024

@@ -23,14 +23,14 @@ from collections.abc import AsyncIterator
 import httptools
 import httpx
 
-from farm.http import plain_http
+from farm.httpenv import plain_http
 
 #: a connection pauses reading while this much of a body waits unread (a consumer slower than the server).
 READ_BUFFER_BYTES = 1 << 20
 
 
 def usable(url: str) -> bool:
-    """Plain http with no proxy from the environment (``farm.http.plain_http``)."""
+    """Plain http with no proxy from the environment (``farm.httpenv.plain_http``)."""
     return plain_http(httpx.URL(url))
 
 

@@ -11,7 +11,7 @@ FARM = Path(__file__).resolve().parents[2] / "farm"
 
 #: lowest first; a module may import its own layer and the ones below.
 LAYERS: list[set[str]] = [
-    # ``farm`` itself: its __init__ holds only the version. ``farm.http``: what the client and llm share.
+    # ``farm`` itself: its __init__ holds only the version. ``farm.httpenv``: what the client and llm share.
     {
         "farm",
         "farm.__version__",
@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
         "farm.schemas",
         "farm.constants",
         "farm.errors",
-        "farm.http",
+        "farm.httpenv",
         "farm.periodic",
     },
     {
@@ -83,7 +83,7 @@ def test_imports_only_run_down_the_layers():
 
 
 def test_the_client_needs_only_the_shared_models():
-    allowed = {"farm.client", "farm.schemas", "farm.errors", "farm.constants", "farm.http"}
+    allowed = {"farm.client", "farm.schemas", "farm.errors", "farm.constants", "farm.httpenv"}
     extra = [
         f"{module} imports {name}"
         for module, path in _modules()

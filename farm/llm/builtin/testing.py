@@ -87,8 +87,9 @@ class BuiltinServer:
         elif self.script is not None:
             # Resolved: the child runs from the repository root, not from the caller's directory.
             cmd += ["--script", str(Path(self.script).resolve())]
-        # Run from the tree this module is in, so a checkout's farm wins over an installed one.
-        root = str(Path(__file__).resolve().parents[2])
+        # Run from the repository this module is in, so a checkout's farm wins over an installed one
+        # (its root: farm/ itself on the path would let farm's modules shadow the standard library's).
+        root = str(Path(__file__).resolve().parents[3])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
         if self.log_path:
             with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
