@@ -274,7 +274,12 @@ def test_pages_ahead_drops_the_pages_requested_for_another_cursor():
     # Given pages from 2 and 4 requested ahead of a finished batch read 2 at a time
     requested: list[int] = []
     cancelled: list[int] = []
-    ahead: PagesAhead[int] = PagesAhead(2, lambda cursor: requested.append(cursor) or cursor, cancelled.append)
+
+    def request(cursor: int) -> int:
+        requested.append(cursor)
+        return cursor
+
+    ahead: PagesAhead[int] = PagesAhead(2, request, cancelled.append)
     first = ResultsPage.model_validate(_page([_item(1), _item(2)], 2, 0, "complete", finished=9))
     assert ahead.plan(first) and requested == [2, 4, 6]
     assert ahead.next() == 2

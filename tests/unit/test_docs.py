@@ -102,7 +102,8 @@ def _comments() -> dict[tuple[str, str], str]:
             continue
         for item in node.body:
             if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                above, n = [], item.lineno - 2
+                above: list[str] = []
+                n = item.lineno - 2
                 while n >= 0 and lines[n].strip().startswith("#:"):
                     above.insert(0, lines[n].strip()[2:].strip())
                     n -= 1

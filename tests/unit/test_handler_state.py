@@ -4,6 +4,8 @@ an upgrade), and a state that does not fit is refused."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
@@ -18,7 +20,7 @@ _ACTIONS = [{"turn": 1, "tool": "bash", "arguments": {"command": "ls"}, "output"
 _AGENT = {"final_text": "done", "submitted": None, "actions": _ACTIONS}
 
 #: states as the handlers wrote them while the state was a plain dict (INIT's and RUN's keys).
-STORED = {
+STORED: dict[str, dict[str, Any]] = {
     "echo": {"prompt_ids": [1, 101, 102, 3], "target": "ab"},
     "generate": {"reply": "4"},
     "math": {"final_text": "\\boxed{4}", "submitted": {"answer": "4"}, "actions": []},

@@ -161,7 +161,7 @@ def test_agent_killing_its_sandbox_is_a_sandbox_error_and_the_retry_starts_over(
     import asyncio
 
     state = asyncio.run(handler.init(config, stage_context(Stage.INIT, llm, sandboxes)))
-    first = state.sandbox
+    first = state.sandbox  # type: ignore[attr-defined]
     with pytest.raises(SandboxError):
         asyncio.run(handler.run(config, state, stage_context(Stage.RUN, llm, sandboxes, attempt=1)))
     llm.turns = [_bash("printf 'Hello, farm!\\n' > hello.txt"), format_call("submit", {})]
