@@ -6,9 +6,11 @@
     ├─ ConfigError                      settings or a plug-in is mis-configured
     ├─ NotFound
     │   ├─ BatchNotFound, JobNotFound, TrajectoryNotFound
+    │   ├─ TrialNotFound                (farm.trials) no trial has the id
     │   └─ HandlerNotFound              unknown task type (lists the known ones)
     ├─ InvalidSpec                      a task spec or request a handler refuses (names the field)
     ├─ Conflict                         e.g. an idempotency key reused with another body
+    │   └─ TrialEnded                   (farm.trials) the trial takes no more calls
     ├─ InvalidTransition                illegal job state change
     ├─ ClaimLost                        the database lost a stage's claim (crashed before writing it)
     ├─ SandboxError                     the sandbox (not the agent) failed
@@ -75,6 +77,10 @@ class TrajectoryNotFound(NotFound):
     """The job has no trajectory (yet, or because it failed before RUN ended)."""
 
 
+class TrialNotFound(NotFound):
+    """No trial has this id."""
+
+
 class HandlerNotFound(NotFound):
     """No handler is registered under that task type."""
 
@@ -95,6 +101,10 @@ class InvalidSpec(FarmError):
 
 class Conflict(FarmError):
     """The request conflicts with the current state of a resource."""
+
+
+class TrialEnded(Conflict):
+    """The trial has ended: it takes no more calls."""
 
 
 class InvalidTransition(FarmError):
