@@ -14,8 +14,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from farm.db.base import utcnow
-from farm.db.models import Trial, TrialCall
-from farm.errors import Conflict, TrialNotFound
+from farm.db.models import Job, Trial, TrialCall
+from farm.errors import Conflict, NotFound, TrialNotFound
 from farm.trials.statements import fail_call
 
 KEY_PREFIX = "farm-trial-"
@@ -41,8 +41,11 @@ def new_trial(
     """Add a trial; returns it and its secret key (shown once: only its hash is stored).
 
     Raises:
+        NotFound: there is no job ``job_id``.
         Conflict: a trial with this id exists.
     """
+    if job_id is not None and session.get(Job, job_id) is None:
+        raise NotFound(f"no job {job_id}", job_id=job_id)
     trial_id = trial_id or f"t-{secrets.token_hex(12)}"
     if session.get(Trial, trial_id) is not None:
         raise Conflict(f"trial {trial_id!r} exists; choose another id or omit it", trial_id=trial_id)

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from farm.db.session import make_engine, make_session_factory, transaction
 from farm.errors import TrialEnded, TrialNotFound
 from farm.trials import record, statements, store
 from farm.trials.async_statements import AsyncTrials
+from farm.trials.recorder import CallRecorder, LoopRecorder, ThreadRecorder
 from farm.trials.values import CallFinish, CallStart, Parent
 
 
@@ -279,3 +281,78 @@ def test_trials_a_sync_finish_that_loses_a_race_to_the_loop_branches(
     by_seq = {c.seq: c for c in _calls(sessions, trial_id)}
     assert (by_seq[other].segment, by_seq[one].segment) == (0, 1)
     assert by_seq[one].continuity["sibling"] == other
+
+
+@pytest.fixture(params=["thread", "loop"])
+def recorder(
+    request: pytest.FixtureRequest, engine: Engine, db_url: str
+) -> Iterator[tuple[CallRecorder, asyncio.AbstractEventLoop]]:
+    """Each ``CallRecorder`` the proxy may have, on an event loop of its own."""
+    if request.param == "loop" and not db_url.startswith("postgresql"):
+        pytest.skip("the event loop's statements are PostgreSQL's")
+    loop = asyncio.new_event_loop()
+    executor = ThreadPoolExecutor(max_workers=2)
+    threads = ThreadRecorder(durable=engine, early=None, executor=executor)
+    made: CallRecorder = (
+        threads if request.param == "thread" else LoopRecorder(AsyncTrials(db_url, max_size=2), threads)
+    )
+    yield made, loop
+    loop.run_until_complete(made.close())
+    loop.close()
+    executor.shutdown()
+
+
+def _call(hashes: list[bytes], parent: Parent | None) -> CallStart:
+    return CallStart(
+        parent=parent,
+        wire="openai.chat",
+        streamed=True,
+        message_hashes=hashes,
+        delta_ids=[1, 2],
+        prompt_tokens=2,
+        continuity={"extends": parent.seq if parent else None},
+    )
+
+
+def test_trials_recorder_records_a_conversation_its_branch_and_its_failure(
+    sessions: Any, recorder: tuple[CallRecorder, asyncio.AbstractEventLoop]
+) -> None:
+    made, loop = recorder
+    run = loop.run_until_complete
+    trial_id = _open(sessions)
+    user, reply, user2, reply2, user3 = _hashes("u", "a", "u2", "a2", "u3")
+
+    # Given a first call, whose new segment the record explains
+    def explain(latest: Any) -> dict[str, Any]:
+        return {"extends": None, "reason": "first call" if latest is None else "?"}
+
+    first = run(made.start(trial_id, _call([user], None), explain=explain))
+    assert run(made.finish(trial_id, first, lambda: _values(reply), parent_seq=None))
+    # When two calls continue it and both finish
+    parent = run(made.find_parent(trial_id, [user, reply, user2]))
+    assert parent is not None and parent.seq == first
+    one = run(made.start(trial_id, _call([user, reply, user2], parent)))
+    other = run(made.start(trial_id, _call([user, reply, user2], parent)))
+    assert run(made.finish(trial_id, one, lambda: _values(reply2), parent_seq=first))
+    assert run(made.finish(trial_id, other, lambda: _values(reply2), parent_seq=first))
+    # And a third fails after the harness saw part of its answer
+    third = run(made.start(trial_id, _call([user, reply, user2, reply2, user3], None)))
+    run(made.fail(trial_id, third, "boom", seen=True))
+    # Then the second to finish branched off, and the record is incomplete
+    by_seq = {c.seq: c for c in _calls(sessions, trial_id)}
+    assert by_seq[first].continuity == {"extends": None, "reason": "first call"}
+    assert [(by_seq[s].segment, by_seq[s].state) for s in (one, other, third)] == [
+        (0, "done"),
+        (1, "done"),
+        (2, "failed"),
+    ]
+    assert by_seq[other].continuity["sibling"] == one
+    with sessions() as session:
+        assert "call 3 streamed part of an answer" in store.get(session, trial_id).incomplete
+        store.end(session, trial_id)
+        session.commit()
+    # A closed trial's start says why
+    with pytest.raises(TrialEnded):
+        run(made.start(trial_id, _call([user], None)))
+    with pytest.raises(TrialNotFound):
+        run(made.start("no-such-trial", _call([user], None)))

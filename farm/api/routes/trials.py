@@ -1,5 +1,6 @@
-"""Trials: harness episodes behind the proxy. A trainer (or the harness task type) creates one,
-hands its key and base URL to the harness, and reads its token-exact record afterwards."""
+"""Trials over HTTP: harness episodes behind the proxy. A trainer (or the harness task type) creates
+one, hands its key and base URL to the harness, and reads its token-exact record afterwards. The
+trials themselves are ``farm.trials``; these routes only call it and shape its answers."""
 
 from __future__ import annotations
 
@@ -11,9 +12,7 @@ from farm.api.deps import DB, State
 from farm.api.errors import error_responses
 from farm.constants import trial_balancer_key
 from farm.db.arrays import encode_ids, encode_logprobs, encode_mask
-from farm.db.models import Job
 from farm.db.session import transaction
-from farm.errors import NotFound
 from farm.schemas import (
     TRIAL_ID_PATTERN,
     ArrayEncoding,
@@ -45,8 +44,6 @@ def _out(db: DB, trial_id: str) -> TrialOut:
 )
 def create_trial(body: TrialCreate, state: State, request: Request) -> TrialCreated:
     with transaction(state.sessions) as session:
-        if body.job_id is not None and session.get(Job, body.job_id) is None:
-            raise NotFound(f"no job {body.job_id}", job_id=body.job_id)
         trial, key = store.new_trial(
             session,
             trial_id=body.id,
