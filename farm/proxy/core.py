@@ -185,14 +185,6 @@ class ProxyCore:
             executor=self._pool,
         )
         prepared = await self._prepare(llm, renderer, trial, request, wire)
-        # The backend starts on the prompt while the call's pending row commits: nothing of the
-        # answer goes out before that commit, and a start that fails (the trial ended meanwhile)
-        # closes the backend's request unread.
-        recording = asyncio.ensure_future(self._record_start(trial.id, prepared, wire, request.stream))
-
-        async def started() -> int:
-            return (await recording).seq
-
         generation = Generation(
             tokenizer=renderer.tokenizer,
             request=request,
@@ -202,6 +194,14 @@ class ProxyCore:
             call_id_prefix=call_id_prefix,
         )
         prompt_ids = prepared.prompt_ids.tolist()
+        # The backend starts on the prompt while the call's pending row commits: nothing of the
+        # answer goes out before that commit, and a start that fails (the trial ended meanwhile)
+        # closes the backend's request unread.
+        recording = asyncio.ensure_future(self._record_start(trial.id, prepared, wire, request.stream))
+
+        async def started() -> int:
+            return (await recording).seq
+
         try:
             async for event in generation.events(llm, prompt_ids, started):
                 yield event

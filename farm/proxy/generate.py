@@ -140,6 +140,7 @@ class Generation:
                 if request.stream and request.logprobs:
                     yield _sampled(self._tokenizer, item)
                 text, stop_string = self._stops.push(self._decoder.push(item.token_ids))
+                # Only the answer text goes on: no parser of today finds reasoning to show apart.
                 pieces = self._tools.push(self._reasoning.push(text).content)
                 if self._one_call:
                     pieces, cut_after_call = _through_first_call(pieces)

@@ -15,11 +15,11 @@ from typing import TypeVar
 from farm.errors import ConfigError
 from farm.proxy.events import TrialContext
 from farm.proxy.reasoning import NoReasoning, ReasoningParser
-from farm.proxy.toolparse import PlainText, ToolCallParser
-from farm.proxy.toolparse.hermes import HermesParser
+from farm.proxy.toolparse import NoToolCalls, ToolCallParser
+from farm.proxy.toolparse.hermes import HermesToolCallParser
 
 #: tool-call parsers by vLLM's ``--tool-call-parser`` name.
-TOOL_CALL_PARSERS: dict[str, Callable[[], ToolCallParser]] = {"hermes": HermesParser}
+TOOL_CALL_PARSERS: dict[str, Callable[[], ToolCallParser]] = {"hermes": HermesToolCallParser}
 #: reasoning parsers by vLLM's ``--reasoning-parser`` name (``none``: the model writes no reasoning).
 REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {"none": NoReasoning}
 P = TypeVar("P")
@@ -45,7 +45,7 @@ def tool_call_parser(name: str, *, parse_calls: bool) -> ToolCallParser:
         ConfigError: no parser has this name (the message lists the known ones).
     """
     if not parse_calls:
-        return PlainText()
+        return NoToolCalls()
     return _make(TOOL_CALL_PARSERS, name, "tool-call")()
 
 

@@ -40,7 +40,7 @@ class ToolCallParser(Protocol):
     def finish(self) -> list[Piece]: ...
 
 
-class PlainText:
+class NoToolCalls:
     """No tool calls are parsed (the request offers no tools, or ``tool_choice`` is none)."""
 
     def push(self, text: str) -> list[Piece]:

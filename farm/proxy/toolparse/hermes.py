@@ -2,7 +2,7 @@
 
 The model writes a call as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (their
 templates render calls the same way, so a reply the harness echoes back renders as the model wrote
-it). ``HermesParser`` takes the decoded text piece by piece and hands back prose as soon as it
+it). ``HermesToolCallParser`` takes the decoded text piece by piece and hands back prose as soon as it
 cannot be the start of a call block, and each call once its block closes. A block that is not a
 well-formed call stays prose.
 """
@@ -36,7 +36,7 @@ def parse_call(body: str) -> CallPiece | None:
     return CallPiece(name=value["name"], arguments=json.dumps(arguments, ensure_ascii=False))
 
 
-class HermesParser:
+class HermesToolCallParser:
     """``<tool_call>`` blocks (a ``farm.proxy.toolparse.ToolCallParser``)."""
 
     def __init__(self) -> None:
