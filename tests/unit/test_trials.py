@@ -15,7 +15,7 @@ from sqlalchemy import Engine
 
 from farm.config import Settings
 from farm.db.session import make_engine, make_session_factory, transaction
-from farm.errors import TrialEnded, TrialNotFound
+from farm.errors import NotFound, TrialEnded, TrialNotFound
 from farm.trials import record, statements, store
 from farm.trials.async_statements import AsyncTrials
 from farm.trials.recorder import CallRecorder, LoopRecorder, ThreadRecorder
@@ -356,3 +356,8 @@ def test_trials_recorder_records_a_conversation_its_branch_and_its_failure(
         run(made.start(trial_id, _call([user], None)))
     with pytest.raises(TrialNotFound):
         run(made.start("no-such-trial", _call([user], None)))
+
+
+def test_trials_a_trial_of_a_job_that_does_not_exist_is_refused(sessions: Any) -> None:
+    with pytest.raises(NotFound, match="no job 424242"), transaction(sessions) as session:
+        store.new_trial(session, trial_id=None, model="m", job_id=424242)
