@@ -6,12 +6,13 @@
     ├─ ConfigError                      settings or a plug-in is mis-configured
     ├─ NotFound
     │   ├─ BatchNotFound, JobNotFound, TrajectoryNotFound
-    │   ├─ TrialNotFound, WeightUpdateNotFound
+    │   ├─ TrialNotFound                (farm.trials) no trial has the id
+    │   ├─ WeightUpdateNotFound
     │   └─ HandlerNotFound              unknown task type (lists the known ones)
     ├─ InvalidSpec                      a task spec or request a handler refuses (names the field)
     │   └─ EngineRequestError           (also a ValueError) the built-in backend refuses a prompt: 400
     ├─ Conflict                         e.g. an idempotency key reused with another body
-    │   └─ TrialEnded                   the trial takes no more calls
+    │   └─ TrialEnded                   (farm.trials) the trial takes no more calls
     ├─ InvalidTransition                illegal job state change
     ├─ ClaimLost                        the database lost a stage's claim (crashed before writing it)
     ├─ TaskSetupFailed                  a task's own setup failed: reported as handler_error
@@ -98,6 +99,10 @@ class TrajectoryNotFound(NotFound):
     """The job has no trajectory (yet, or because it failed before RUN ended)."""
 
 
+class TrialNotFound(NotFound):
+    """No trial has this id."""
+
+
 class HandlerNotFound(NotFound):
     """No handler is registered under that task type."""
 
@@ -106,10 +111,6 @@ class HandlerNotFound(NotFound):
     def __init__(self, message: str, *, field: str | None = None, **context: Any) -> None:
         super().__init__(message, **context)
         self.field = field
-
-
-class TrialNotFound(NotFound):
-    """No trial has this id."""
 
 
 class WeightUpdateNotFound(NotFound):

@@ -167,7 +167,7 @@ class OpenTrial:
 
 
 class Trials(Protocol):
-    """External harnesses behind the proxy (:class:`farm.worker.trials.TrialResources`); every method blocks."""
+    """External harnesses behind the proxy (:class:`farm.trials.resources.TrialResources`); every method blocks."""
 
     @property
     def socket(self) -> Path | None:

@@ -23,8 +23,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
-from farm.proxy.core import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
 from farm.proxy.errors import CONTEXT_LENGTH, ProxyError, validated
+from farm.proxy.events import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
+from farm.proxy.wire import Answer, WireRequest
 
 WIRE = "anthropic.messages"
 CALL_ID_PREFIX = "toolu_"
@@ -128,7 +129,7 @@ def _messages(body: MessagesBody | CountTokensBody) -> tuple[list[Message], list
     return out, tools
 
 
-def parse(raw: Any) -> ChatRequest:
+def parse(raw: Any) -> WireRequest:
     """The request in the proxy's terms.
 
     Raises:
@@ -156,7 +157,7 @@ def parse(raw: Any) -> ChatRequest:
             "tool_choice.disable_parallel_tool_use must be true or false",
             param="tool_choice.disable_parallel_tool_use",
         )
-    return ChatRequest(
+    request = ChatRequest(
         model=body.model,
         messages=messages,
         tools=tools,
@@ -171,6 +172,7 @@ def parse(raw: Any) -> ChatRequest:
         stream=bool(body.stream),
         parallel_tool_calls=not one_call,
     )
+    return WireRequest(request)
 
 
 def parse_count(raw: Any) -> ChatRequest:
@@ -285,3 +287,25 @@ async def stream(events: AsyncIterator[Event], *, model: str, message_id: str) -
                 yield _event("message_stop", {})
     except ProxyError as exc:
         yield _event("error", {"error": error_body(exc.status, exc.message, code=exc.code)["error"]})
+
+
+class AnthropicMessagesFormat:
+    """Anthropic Messages, a ``farm.proxy.wire.WireFormat``."""
+
+    wire = WIRE
+    call_id_prefix = CALL_ID_PREFIX
+
+    def parse(self, raw: Any) -> WireRequest:
+        return parse(raw)
+
+    def new_id(self) -> str:
+        return new_id()
+
+    def response(self, done: Finished, answer: Answer) -> dict[str, Any]:
+        return response(done, model=answer.model, message_id=answer.id)
+
+    def stream(self, events: AsyncIterator[Event], answer: Answer) -> AsyncIterator[bytes]:
+        return stream(events, model=answer.model, message_id=answer.id)
+
+    def error_body(self, exc: ProxyError) -> dict[str, Any]:
+        return error_body(exc.status, exc.message, param=exc.param, code=exc.code)

@@ -8,6 +8,7 @@ reach through a bind mount.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 import redis
@@ -19,7 +20,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from farm.config import Settings
-from farm.db.async_trials import AsyncTrials
 from farm.db.session import make_autocommit_engine, make_engine
 from farm.llm.balancer import Balancer
 from farm.llm.session import ClientPool
@@ -27,21 +27,32 @@ from farm.llm.tokenizer import load_tokenizer
 from farm.proxy.core import ProxyCore
 from farm.proxy.errors import any_sdk_error_body
 from farm.proxy.routes import proxy_routes
+from farm.trials.recorder import make_recorder
+
+#: threads for the database, the template and the balancer (asyncio's default pool has cpu + 4: calls would queue).
+WORK_THREADS = 64
 
 
 def make_core(settings: Settings, *, engine: Engine, balancer: Balancer) -> ProxyCore:
-    url = settings.database_url
-    # As many connections as the engines may open (their pool and its overflow).
-    size = 2 * settings.database.pool_size
+    """A process's ``ProxyCore``: ``engine`` records the calls' finishes (durably); the reads and
+    pending rows go through an engine of their own that does not wait for the disk."""
+    executor = ThreadPoolExecutor(max_workers=WORK_THREADS, thread_name_prefix="proxy")
+    recorder = make_recorder(
+        durable=engine,
+        early=make_autocommit_engine(settings, durable=False),
+        executor=executor,
+        url=settings.database_url,
+        # As many connections as the engines may open (their pool and its overflow).
+        pool_size=2 * settings.database.pool_size,
+    )
     return ProxyCore(
         settings=settings.proxy,
-        engine=engine,
-        early_engine=make_autocommit_engine(settings, durable=False),
+        recorder=recorder,
+        executor=executor,
         balancer=balancer,
         clients=ClientPool.from_settings(settings.llm),
         tokenizer=lambda: load_tokenizer(settings),
         served_model=settings.llm.builtin_model_name,
-        loop_trials=AsyncTrials(url, max_size=size) if url.startswith("postgresql") else None,
     )
 
 

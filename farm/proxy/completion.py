@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from farm.db.arrays import INT32
-from farm.db.trials import CompletionEnd
+from farm.trials.values import CompletionEnd
 
 _IDS = b"farm-cmpl-ids"
 _TEXT = b"farm-cmpl-text"

@@ -27,7 +27,7 @@ from typing import Any
 
 from farm.llm.trajectory import ChatTokenizer
 from farm.proxy.conversation import Message, Tool, ToolCall
-from farm.proxy.toolparse import OPEN_TAG
+from farm.proxy.toolparse.hermes import OPEN_TAG
 
 #: content for an assistant message whose rendering shows what the template writes after one.
 SENTINEL = "FARM-PROXY-SENTINEL-3f9c"

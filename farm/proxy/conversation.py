@@ -85,7 +85,7 @@ class Tool(BaseModel):
 
 
 class Sampling(BaseModel):
-    """What the harness asked for; the trial's own settings override these (``farm.proxy.core``)."""
+    """What the harness asked for; the trial's own settings override these (``farm.proxy.prepare.sampling_params``)."""
 
     max_tokens: int | None = None
     #: what the request called ``max_tokens`` (max_completion_tokens, max_output_tokens), for its errors.

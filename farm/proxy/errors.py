@@ -9,12 +9,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from farm.db.trials import TrialEnded, TrialNotFound
 from farm.errors import (
     ContextLengthExceeded,
     FarmError,
     InvalidSpec,
     NoBackendAvailable,
+    TrialEnded,
+    TrialNotFound,
     Unauthorized,
     UpstreamError,
     UpstreamStatusError,
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 
 
 class ProxyError(Exception):
+    """A failure as a harness is answered: its HTTP status, message, field and code. Raised and
+    caught inside ``farm.proxy`` only (each format writes it in its own error shape)."""
+
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status

@@ -19,8 +19,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
-from farm.proxy.core import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent, Usage
 from farm.proxy.errors import ProxyError, validated
+from farm.proxy.events import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent, Usage
+from farm.proxy.wire import Answer, WireRequest
 
 WIRE = "openai.chat"
 #: OpenAI's bound on ``top_logprobs`` (Chat Completions and Responses alike).
@@ -99,7 +100,7 @@ def text_of(content: str | list[dict[str, Any]] | None, *, where: str) -> str:
     return "\n".join(parts)
 
 
-def parse(raw: Any) -> tuple[ChatRequest, bool]:
+def parse(raw: Any) -> WireRequest:
     """The request in the proxy's terms, and whether the usage chunk was asked for.
 
     Raises:
@@ -184,7 +185,7 @@ def parse(raw: Any) -> tuple[ChatRequest, bool]:
         top_logprobs=top_logprobs,
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return request, include_usage
+    return WireRequest(request, include_usage=include_usage)
 
 
 def check_top_logprobs(value: int | None) -> int:
@@ -364,3 +365,32 @@ async def stream(
         yield sse(error_body(exc.status, exc.message, param=exc.param, code=exc.code))
         return
     yield sse("[DONE]")
+
+
+class OpenAIChatFormat:
+    """OpenAI Chat Completions, a ``farm.proxy.wire.WireFormat``."""
+
+    wire = WIRE
+    call_id_prefix = "call_"
+
+    def parse(self, raw: Any) -> WireRequest:
+        return parse(raw)
+
+    def new_id(self) -> str:
+        return new_id()
+
+    def response(self, done: Finished, answer: Answer) -> dict[str, Any]:
+        return response(done, model=answer.model, completion_id=answer.id, logprobs=answer.request.call.logprobs)
+
+    def stream(self, events: AsyncIterator[Event], answer: Answer) -> AsyncIterator[bytes]:
+        request = answer.request
+        return stream(
+            events,
+            model=answer.model,
+            completion_id=answer.id,
+            include_usage=request.include_usage,
+            logprobs=request.call.logprobs,
+        )
+
+    def error_body(self, exc: ProxyError) -> dict[str, Any]:
+        return error_body(exc.status, exc.message, param=exc.param, code=exc.code)

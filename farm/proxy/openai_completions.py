@@ -25,15 +25,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from farm.proxy.conversation import CompletionRequest, Sampling
-from farm.proxy.core import Event, Finished, Started, TextDelta
 from farm.proxy.errors import CONTEXT_LENGTH, ProxyError, validated
+from farm.proxy.events import Event, Finished, Started, TextDelta
 from farm.proxy.openai_chat import StreamOptions, error_body, sse, usage_body
+from farm.proxy.wire import Answer, WireRequest
 
 WIRE = "openai.completions"
 #: OpenAI's (and vLLM's) max_tokens when a completion request does not say.
 DEFAULT_MAX_TOKENS = 16
 
-__all__ = ["WIRE", "error_body", "for_prompt", "new_id", "parse", "response", "stream"]
+__all__ = ["WIRE", "OpenAICompletionsFormat", "error_body", "for_prompt", "new_id", "parse", "response", "stream"]
 
 
 class CompletionBody(BaseModel):
@@ -81,7 +82,7 @@ def _prompt(value: Any) -> str | list[int]:
     raise ProxyError(400, "prompt must be a string, a list of token ids, or a list of one of those", param="prompt")
 
 
-def parse(raw: Any) -> tuple[CompletionRequest, bool, bool]:
+def parse(raw: Any) -> WireRequest:
     """The request in the proxy's terms, whether to echo the prompt, and whether the usage chunk
     was asked for.
 
@@ -118,7 +119,7 @@ def parse(raw: Any) -> tuple[CompletionRequest, bool, bool]:
         prompt_ids=bool(body.return_token_ids),
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return request, bool(body.echo), include_usage
+    return WireRequest(request, include_usage=include_usage, echo_prompt=bool(body.echo))
 
 
 def for_prompt(exc: ProxyError) -> ProxyError:
@@ -234,3 +235,35 @@ async def stream(
         yield sse(error_body(exc.status, exc.message, param=exc.param, code=exc.code))
         return
     yield sse("[DONE]")
+
+
+class OpenAICompletionsFormat:
+    """OpenAI legacy Completions, a ``farm.proxy.wire.WireFormat``."""
+
+    wire = WIRE
+    call_id_prefix = "call_"
+
+    def parse(self, raw: Any) -> WireRequest:
+        return parse(raw)
+
+    def new_id(self) -> str:
+        return new_id()
+
+    def response(self, done: Finished, answer: Answer) -> dict[str, Any]:
+        logprobs = answer.request.call.logprobs
+        return response(done, model=answer.model, completion_id=answer.id, echo=answer.prompt_text, logprobs=logprobs)
+
+    def stream(self, events: AsyncIterator[Event], answer: Answer) -> AsyncIterator[bytes]:
+        request = answer.request
+        return stream(
+            events,
+            model=answer.model,
+            completion_id=answer.id,
+            echo=answer.prompt_text,
+            include_usage=request.include_usage,
+            logprobs=request.call.logprobs,
+        )
+
+    def error_body(self, exc: ProxyError) -> dict[str, Any]:
+        exc = for_prompt(exc)
+        return error_body(exc.status, exc.message, param=exc.param, code=exc.code)

@@ -26,9 +26,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
-from farm.proxy.core import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
 from farm.proxy.errors import ProxyError, validated
+from farm.proxy.events import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
 from farm.proxy.openai_chat import check_top_logprobs, error_body, text_of, token_logprobs
+from farm.proxy.wire import Answer, WireRequest
 
 WIRE = "openai.responses"
 CALL_ID_PREFIX = "call_"
@@ -53,7 +54,7 @@ class ResponsesBody(BaseModel):
     top_logprobs: int | None = Field(default=None, strict=True)
 
 
-def parse(raw: Any) -> tuple[ChatRequest, dict[str, Any]]:
+def parse(raw: Any) -> WireRequest:
     """The request in the proxy's terms, and what of it the response repeats (its tools, tool
     choice and parallel calls, as the request gave them).
 
@@ -148,7 +149,7 @@ def parse(raw: Any) -> tuple[ChatRequest, dict[str, Any]]:
         logprobs=INCLUDE_LOGPROBS in (body.include or []),
         top_logprobs=top_logprobs,
     )
-    return request, echo
+    return WireRequest(request, echo=echo)
 
 
 def _call_id(item: dict[str, Any], where: str) -> str:
@@ -360,4 +361,33 @@ def _attach_logprobs(output: list[dict[str, Any]], logprobs: list[dict[str, Any]
             return
 
 
-__all__ = ["WIRE", "error_body", "new_id", "parse", "response", "stream"]
+__all__ = ["WIRE", "OpenAIResponsesFormat", "error_body", "new_id", "parse", "response", "stream"]
+
+
+class OpenAIResponsesFormat:
+    """OpenAI Responses, a ``farm.proxy.wire.WireFormat``."""
+
+    wire = WIRE
+    call_id_prefix = CALL_ID_PREFIX
+
+    def parse(self, raw: Any) -> WireRequest:
+        return parse(raw)
+
+    def new_id(self) -> str:
+        return new_id()
+
+    def response(self, done: Finished, answer: Answer) -> dict[str, Any]:
+        request = answer.request
+        return response(
+            done, model=answer.model, response_id=answer.id, echo=request.echo, logprobs=request.call.logprobs
+        )
+
+    def stream(self, events: AsyncIterator[Event], answer: Answer) -> AsyncIterator[bytes]:
+        request = answer.request
+        return stream(
+            events, model=answer.model, response_id=answer.id, echo=request.echo, logprobs=request.call.logprobs
+        )
+
+    def error_body(self, exc: ProxyError) -> dict[str, Any]:
+        exc = for_input(exc)
+        return error_body(exc.status, exc.message, param=exc.param, code=exc.code)

@@ -29,11 +29,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from farm.errors import FarmError
-from farm.proxy import anthropic_messages, openai_chat, openai_completions, openai_responses
-from farm.proxy.core import Event, Finished, ProxyCore, TrialContext
+from farm.proxy import anthropic_messages
+from farm.proxy.anthropic_messages import AnthropicMessagesFormat
+from farm.proxy.conversation import ChatRequest, CompletionRequest
+from farm.proxy.core import ProxyCore
 from farm.proxy.errors import ProxyError, invalid, proxy_error, translated, unexpected
+from farm.proxy.events import Event, Finished, TrialContext
+from farm.proxy.openai_chat import OpenAIChatFormat
+from farm.proxy.openai_completions import OpenAICompletionsFormat
+from farm.proxy.openai_responses import OpenAIResponsesFormat
+from farm.proxy.wire import Answer, WireFormat
 
-ErrorBody = Callable[..., dict[str, Any]]
 Endpoint = Callable[[str, Request], Awaitable[Response]]
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 #: the status of a call whose harness left before its answer; nobody reads it (nginx's "client closed request").
@@ -53,8 +59,17 @@ def api_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def error_response(exc: ProxyError, body: ErrorBody) -> JSONResponse:
-    return JSONResponse(body(exc.status, exc.message, param=exc.param, code=exc.code), status_code=exc.status)
+#: the formats by their path under a trial's base URL.
+FORMATS: dict[str, WireFormat] = {
+    "/chat/completions": OpenAIChatFormat(),
+    "/completions": OpenAICompletionsFormat(),
+    "/responses": OpenAIResponsesFormat(),
+    "/messages": AnthropicMessagesFormat(),
+}
+
+
+def error_response(exc: ProxyError, wire: WireFormat) -> JSONResponse:
+    return JSONResponse(wire.error_body(exc), status_code=exc.status)
 
 
 async def read_json(request: Request) -> Any:
@@ -225,117 +240,13 @@ def proxy_routes(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pr
         try:
             ctx = await open_trial(core, trial, request)
         except ProxyError as exc:
-            return error_response(exc, openai_chat.error_body)
+            return error_response(exc, FORMATS["/chat/completions"])
         names = dict.fromkeys([ctx.model, core.served_model])
         data = [{"id": name, "object": "model", "created": int(time.time()), "owned_by": "farm"} for name in names]
         return JSONResponse({"object": "list", "data": data})
 
-    @route("/chat/completions", "POST")
-    async def chat_completions(trial: str, request: Request) -> Response:
-        core = get_core(request)
-        try:
-            ctx = await open_trial(core, trial, request)
-            chat, include_usage = parsed(openai_chat.parse, await read_json(request))
-            model = chat.model or ctx.model
-            completion_id = openai_chat.new_id()
-            events = await answer(request, core.call(ctx, chat, wire=openai_chat.WIRE), stream=chat.stream)
-            if isinstance(events, Finished):
-                return JSONResponse(
-                    openai_chat.response(events, model=model, completion_id=completion_id, logprobs=chat.logprobs)
-                )
-        except ProxyError as exc:
-            return error_response(exc, openai_chat.error_body)
-        except HarnessGone:
-            return Response(status_code=CLIENT_GONE)
-        except Exception as exc:  # a bug
-            return error_response(unexpected(exc), openai_chat.error_body)
-        body = openai_chat.stream(
-            events,
-            model=model,
-            completion_id=completion_id,
-            include_usage=include_usage,
-            logprobs=chat.logprobs,
-        )
-        return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
-
-    @route("/completions", "POST")
-    async def completions(trial: str, request: Request) -> Response:
-        core = get_core(request)
-        try:
-            ctx = await open_trial(core, trial, request)
-            body, echo, include_usage = parsed(openai_completions.parse, await read_json(request))
-            model = body.model or ctx.model
-            completion_id = openai_completions.new_id()
-            events = await answer(request, core.call(ctx, body, wire=openai_completions.WIRE), stream=body.stream)
-            shown = None
-            if echo:
-                shown = body.prompt if isinstance(body.prompt, str) else core.renderer.tokenizer.decode(body.prompt)
-            if isinstance(events, Finished):
-                return JSONResponse(
-                    openai_completions.response(
-                        events, model=model, completion_id=completion_id, echo=shown, logprobs=body.logprobs
-                    )
-                )
-        except ProxyError as exc:
-            return error_response(openai_completions.for_prompt(exc), openai_chat.error_body)
-        except HarnessGone:
-            return Response(status_code=CLIENT_GONE)
-        except Exception as exc:  # a bug
-            return error_response(unexpected(exc), openai_chat.error_body)
-        stream = openai_completions.stream(
-            events,
-            model=model,
-            completion_id=completion_id,
-            echo=shown,
-            include_usage=include_usage,
-            logprobs=body.logprobs,
-        )
-        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
-
-    @route("/responses", "POST")
-    async def responses(trial: str, request: Request) -> Response:
-        core = get_core(request)
-        try:
-            ctx = await open_trial(core, trial, request)
-            chat, echo = parsed(openai_responses.parse, await read_json(request))
-            model = chat.model or ctx.model
-            response_id = openai_responses.new_id()
-            events = await answer(request, core.call(ctx, chat, wire=openai_responses.WIRE), stream=chat.stream)
-            if isinstance(events, Finished):
-                return JSONResponse(
-                    openai_responses.response(
-                        events, model=model, response_id=response_id, echo=echo, logprobs=chat.logprobs
-                    )
-                )
-        except ProxyError as exc:
-            return error_response(openai_responses.for_input(exc), openai_chat.error_body)
-        except HarnessGone:
-            return Response(status_code=CLIENT_GONE)
-        except Exception as exc:  # a bug
-            return error_response(unexpected(exc), openai_chat.error_body)
-        body = openai_responses.stream(events, model=model, response_id=response_id, echo=echo, logprobs=chat.logprobs)
-        return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
-
-    @route("/messages", "POST")
-    async def messages(trial: str, request: Request) -> Response:
-        core = get_core(request)
-        try:
-            ctx = await open_trial(core, trial, request)
-            chat = parsed(anthropic_messages.parse, await read_json(request))
-            model = chat.model or ctx.model
-            message_id = anthropic_messages.new_id()
-            call = core.call(ctx, chat, wire=anthropic_messages.WIRE, call_id_prefix=anthropic_messages.CALL_ID_PREFIX)
-            events = await answer(request, call, stream=chat.stream)
-            if isinstance(events, Finished):
-                return JSONResponse(anthropic_messages.response(events, model=model, message_id=message_id))
-        except ProxyError as exc:
-            return error_response(exc, anthropic_messages.error_body)
-        except HarnessGone:
-            return Response(status_code=CLIENT_GONE)
-        except Exception as exc:  # a bug
-            return error_response(unexpected(exc), anthropic_messages.error_body)
-        body = anthropic_messages.stream(events, model=model, message_id=message_id)
-        return StreamingResponse(body, media_type="text/event-stream", headers=SSE_HEADERS)
+    for path, wire in FORMATS.items():
+        routes.append(Route(prefix + path, _format_endpoint(get_core, wire), methods=["POST"], name=_name(path)))
 
     @route("/messages/count_tokens", "POST")
     async def count_tokens(trial: str, request: Request) -> Response:
@@ -345,8 +256,51 @@ def proxy_routes(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pr
             chat = parsed(anthropic_messages.parse_count, await read_json(request))
             return JSONResponse({"input_tokens": await core.count_tokens(chat)})
         except ProxyError as exc:
-            return error_response(exc, anthropic_messages.error_body)
+            return error_response(exc, FORMATS["/messages"])
         except Exception as exc:  # a bug
-            return error_response(unexpected(exc), anthropic_messages.error_body)
+            return error_response(unexpected(exc), FORMATS["/messages"])
 
     return routes
+
+
+def _format_endpoint(
+    get_core: Callable[[Request], ProxyCore], wire: WireFormat
+) -> Callable[[Request], Awaitable[Response]]:
+    """One format's route: open the trial, parse, call the core, answer whole or as a stream."""
+
+    async def serve(request: Request) -> Response:
+        core = get_core(request)
+        try:
+            ctx = await open_trial(core, request.path_params["trial"], request)
+            parsed_request = parsed(wire.parse, await read_json(request))
+            call = parsed_request.call
+            model = call.model or ctx.model
+            answer_id = wire.new_id()
+            calling = core.call(ctx, call, wire=wire.wire, call_id_prefix=wire.call_id_prefix)
+            events = await answer(request, calling, stream=call.stream)
+            prompt_text = _prompt_text(core, call) if parsed_request.echo_prompt else None
+            reply = Answer(request=parsed_request, model=model, id=answer_id, prompt_text=prompt_text)
+            if isinstance(events, Finished):
+                return JSONResponse(wire.response(events, reply))
+        except ProxyError as exc:
+            return error_response(exc, wire)
+        except HarnessGone:
+            return Response(status_code=CLIENT_GONE)
+        except Exception as exc:  # a bug
+            return error_response(unexpected(exc), wire)
+        return StreamingResponse(wire.stream(events, reply), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    return serve
+
+
+def _prompt_text(core: ProxyCore, call: ChatRequest | CompletionRequest) -> str | None:
+    """A legacy completion's prompt as text (ids decoded), for an answer that repeats it."""
+    if not isinstance(call, CompletionRequest):
+        return None
+    prompt = call.prompt
+    return prompt if isinstance(prompt, str) else str(core.renderer.tokenizer.decode(prompt))
+
+
+def _name(path: str) -> str:
+    """A route's name, as the endpoint functions were named (``/chat/completions``: chat_completions)."""
+    return path.strip("/").replace("/", "_")

@@ -18,9 +18,9 @@ from farm.worker.lease import LeaseRenewer
 from farm.worker.staleness import StalenessCheck
 
 if TYPE_CHECKING:
+    from farm.trials.resources import TrialResources
     from farm.worker.llm import LLMResources
     from farm.worker.sandboxes import SandboxResources
-    from farm.worker.trials import TrialResources
 
 
 class FarmRuntime:
@@ -96,7 +96,7 @@ class FarmRuntime:
         sessions, balancer = self.sessions, self.llm.balancer  # each takes the lock itself
         with self._lock:
             if self._trials is None:
-                from farm.worker.trials import TrialResources
+                from farm.trials.resources import TrialResources
 
                 self._trials = TrialResources(self.settings, sessions=sessions, balancer=balancer)
             return self._trials

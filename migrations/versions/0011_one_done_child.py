@@ -5,7 +5,7 @@ Revises: 0010
 Create Date: 2026-11-26 23:50:00.000000
 
 A second finished child of the same parent in the same segment is a branch and moves to a segment
-of its own (``farm.db.trials.finish_call``). This unique index makes that rule the database's: a
+of its own (``farm.trials.statements.finish_call``). This unique index makes that rule the database's: a
 proxy records a call's finish in one statement, without the trial's lock, and a sibling finishing
 at the same moment fails it with a unique violation instead of slipping past the check.
 """

@@ -32,6 +32,7 @@ LAYERS: list[set[str]] = [
         "farm.client",
         "farm.testing",
         "farm.proxy",
+        "farm.trials",
         "farm.dynamic",
         "farm.bridges",
         "farm.metrics",

@@ -1,5 +1,6 @@
-"""Trials: harness episodes behind the proxy. A trainer (or the harness task type) creates one,
-hands its key and base URL to the harness, and reads its token-exact record afterwards."""
+"""Trials over HTTP: harness episodes behind the proxy. A trainer (or the harness task type) creates
+one, hands its key and base URL to the harness, and reads its token-exact record afterwards. The
+trials themselves are ``farm.trials``; these routes only call it and shape its answers."""
 
 from __future__ import annotations
 
@@ -10,12 +11,8 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from farm.api.deps import DB, State
 from farm.api.errors import error_responses
 from farm.constants import trial_balancer_key
-from farm.db import trials
 from farm.db.arrays import encode_ids, encode_logprobs, encode_mask
-from farm.db.models import Job
 from farm.db.session import transaction
-from farm.errors import NotFound
-from farm.proxy import record
 from farm.schemas import (
     TRIAL_ID_PATTERN,
     ArrayEncoding,
@@ -26,14 +23,15 @@ from farm.schemas import (
     TrialOut,
     TrialRecord,
 )
+from farm.trials import record, store
 
 router = APIRouter(prefix="/v1/trials", tags=["trials"])
 TrialId = Annotated[str, Path(pattern=TRIAL_ID_PATTERN, description="the trial's id")]
 
 
 def _out(db: DB, trial_id: str) -> TrialOut:
-    trial = trials.get(db, trial_id)
-    return TrialOut(**record.summary(trial), certificate=[record.certificate(c) for c in trials.calls(db, trial_id)])
+    trial = store.get(db, trial_id)
+    return TrialOut(**record.summary(trial), certificate=[record.certificate(c) for c in store.calls(db, trial_id)])
 
 
 @router.post(
@@ -46,9 +44,7 @@ def _out(db: DB, trial_id: str) -> TrialOut:
 )
 def create_trial(body: TrialCreate, state: State, request: Request) -> TrialCreated:
     with transaction(state.sessions) as session:
-        if body.job_id is not None and session.get(Job, body.job_id) is None:
-            raise NotFound(f"no job {body.job_id}", job_id=body.job_id)
-        trial, key = trials.new_trial(
+        trial, key = store.new_trial(
             session,
             trial_id=body.id,
             model=body.model or state.settings.llm.builtin_model_name,
@@ -85,8 +81,8 @@ def get_trial(trial_id: TrialId, db: DB) -> TrialOut:
     summary="A trial's calls: each one's certificate entry and the reply the harness was given",
 )
 def list_calls(trial_id: TrialId, db: DB) -> list[TrialCallOut]:
-    trials.get(db, trial_id)
-    return [TrialCallOut(**record.certificate(c), reply=c.reply) for c in trials.calls(db, trial_id)]
+    store.get(db, trial_id)
+    return [TrialCallOut(**record.certificate(c), reply=c.reply) for c in store.calls(db, trial_id)]
 
 
 @router.get(
@@ -111,7 +107,7 @@ def get_record(
             spans=s.spans,
             weight_versions=s.weight_versions,
         )
-        for s in record.segments(trials.calls(db, trial_id))
+        for s in record.segments(store.calls(db, trial_id))
     ]
     return TrialRecord(**out.model_dump(), encoding=encoding, segment_tokens=segs)
 
@@ -125,7 +121,7 @@ def get_record(
 )
 def end_trial(trial_id: TrialId, state: State) -> TrialOut:
     with transaction(state.sessions) as session:
-        trials.end(session, trial_id)
+        store.end(session, trial_id)
     state.balancer.release(trial_balancer_key(trial_id))
     with state.sessions() as session:
         return _out(session, trial_id)
@@ -140,6 +136,6 @@ def end_trial(trial_id: TrialId, state: State) -> TrialOut:
 )
 def delete_trial(trial_id: TrialId, state: State) -> Response:
     with transaction(state.sessions) as session:
-        session.delete(trials.get(session, trial_id))
+        session.delete(store.get(session, trial_id))
     state.balancer.release(trial_balancer_key(trial_id))
     return Response(status_code=204)

@@ -43,13 +43,12 @@ from sqlalchemy.orm import Session
 from farm.api.deps import DB, State, bearer_scheme
 from farm.api.errors import error_responses
 from farm.constants import trial_balancer_key
-from farm.db import trials
 from farm.db.arrays import FLOAT32, INT32, encode_ids, encode_logprobs, encode_mask
 from farm.db.models import Trial, TrialCall
 from farm.db.session import transaction
-from farm.errors import Conflict
-from farm.proxy import record
+from farm.errors import Conflict, TrialEnded
 from farm.schemas import TRIAL_ID_PATTERN
+from farm.trials import record, store
 
 #: where a trial a verl session made says so (``metadata``).
 VERL_SESSION = "verl_session"
@@ -90,7 +89,7 @@ router = APIRouter(prefix="/sessions", tags=["verl sessions"], dependencies=[Dep
 
 
 def _get(session: Session, trial_id: str) -> Trial:
-    trial = trials.get(session, trial_id)
+    trial = store.get(session, trial_id)
     if not trial.meta.get(VERL_SESSION):
         # A trial of the farm's own API is not verl's to reset or delete through this door.
         raise Conflict(f"trial {trial_id!r} was not registered as a verl session; use /v1/trials", trial_id=trial_id)
@@ -100,12 +99,12 @@ def _get(session: Session, trial_id: str) -> Trial:
 def _new(session: Session, trial_id: str, state: State) -> str:
     """Create the trial; returns its key."""
     configured = state.settings.proxy.verl_harness_key
-    trial, key = trials.new_trial(
+    trial, key = store.new_trial(
         session, trial_id=trial_id, model=state.settings.llm.builtin_model_name, meta={VERL_SESSION: True}
     )
     if configured is not None:
         key = configured.get_secret_value()
-        trial.key_sha256 = trials.hash_key(key)
+        trial.key_sha256 = store.hash_key(key)
     return key
 
 
@@ -139,7 +138,7 @@ def get_session(
     ] = "full",
 ) -> dict[str, Any]:
     trial = _get(db, session_id)
-    calls = trials.calls(db, session_id)
+    calls = store.calls(db, session_id)
     segs = [
         {
             "index": s.index,
@@ -175,7 +174,7 @@ def get_session(
 def complete(session_id: SessionId, state: State) -> dict[str, Any]:
     with transaction(state.sessions) as session:
         _get(session, session_id)
-        trials.end(session, session_id)
+        store.end(session, session_id)
     state.balancer.release(trial_balancer_key(session_id))
     return {"session_id": session_id, "status": "completed"}
 
@@ -190,7 +189,7 @@ def reset(session_id: SessionId, state: State) -> dict[str, Any]:
     with transaction(state.sessions) as session:
         trial = _get(session, session_id)
         if trial.ended_at is not None:
-            raise trials.TrialEnded(f"trial {session_id!r} has ended; register a new session", trial_id=session_id)
+            raise TrialEnded(f"trial {session_id!r} has ended; register a new session", trial_id=session_id)
         # One statement: loading every call (its token arrays) only to delete it would read the record.
         session.execute(delete_rows(TrialCall).where(TrialCall.trial_id == session_id))
         trial.calls = trial.segments = 0

@@ -160,8 +160,8 @@ def test_verl_sessions_take_the_configured_harness_key(tmp_path: Any, sqlite_url
 
     from farm.api.app import create_app
     from farm.config import Settings
-    from farm.db import trials
     from farm.db.models import Trial
+    from farm.trials import store
 
     settings = Settings(
         data_dir=tmp_path,
@@ -177,7 +177,7 @@ def test_verl_sessions_take_the_configured_harness_key(tmp_path: Any, sqlite_url
         assert "api_key" not in registered and registered["base_url"] == "http://farm/swe-1-abc/v1"
         with client.app.state.farm.sessions() as session:  # type: ignore[attr-defined]
             trial = session.get(Trial, "swe-1-abc")
-            assert trial is not None and trials.key_matches(trial.key_sha256, "verl-proxy-secret")
+            assert trial is not None and store.key_matches(trial.key_sha256, "verl-proxy-secret")
             assert trial.meta == {"verl_session": True}
 
 

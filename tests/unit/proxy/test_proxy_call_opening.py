@@ -9,10 +9,11 @@ import pytest
 
 from farm.db.arrays import FLOAT32, INT32
 from farm.db.models import TrialCall
-from farm.proxy import record
 from farm.proxy.continuity import NoCallOpening, Renderer
 from farm.proxy.conversation import Message, Tool, ToolCall
-from farm.proxy.toolparse import CallPiece, ToolCallSplitter
+from farm.proxy.toolparse import CallPiece
+from farm.proxy.toolparse.hermes import HermesToolCallParser
+from farm.trials import record
 
 TOOLS = [Tool(name="bash"), Tool(name="read_file")]
 HISTORY = [Message(role="system", content="be brief"), Message(role="user", content="list the files")]
@@ -41,7 +42,7 @@ def test_call_opening_for_a_named_tool_ends_on_a_token_boundary_before_the_argum
 
 
 def test_forced_opening_and_the_sampled_rest_parse_as_one_call() -> None:
-    splitter = ToolCallSplitter()
+    splitter = HermesToolCallParser()
     assert splitter.push('<tool_call>\n{"name": "bash", "arguments":') == []
     assert splitter.push(' {"command": "ls"}}\n</tool_call>') == [CallPiece(name="bash", arguments='{"command": "ls"}')]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from farm.db.trials import CompletionEnd
 from farm.proxy.completion import find, ids_hash, text_keys
+from farm.trials.values import CompletionEnd
 
 
 def _text_end(seq: int, prompt: str, sampled_text: str, reply: str, stop: str | None = None) -> CompletionEnd:

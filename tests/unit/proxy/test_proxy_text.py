@@ -7,14 +7,16 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from farm.proxy.parsers import tool_call_parser
 from farm.proxy.text import StopMatcher, TextDecoder
-from farm.proxy.toolparse import CallPiece, TextPiece, ToolCallSplitter, parse_call
+from farm.proxy.toolparse import CallPiece, TextPiece
+from farm.proxy.toolparse.hermes import parse_call
 
 CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
 
 
 def _pieces(chunks: list[str], *, parse_calls: bool = True) -> list[Any]:
-    splitter = ToolCallSplitter(parse_calls=parse_calls)
+    splitter = tool_call_parser("hermes", parse_calls=parse_calls)
     out: list[Any] = []
     for chunk in chunks:
         out += splitter.push(chunk)

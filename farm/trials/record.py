@@ -23,6 +23,8 @@ from farm.db.models import Trial, TrialCall
 
 @dataclass
 class Segment:
+    """One chain of calls as a token sequence (see the module docstring)."""
+
     index: int
     calls: list[int]
     token_ids: np.ndarray

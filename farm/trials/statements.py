@@ -1,4 +1,4 @@
-"""Trials and their calls: the queries behind the proxy (``farm.proxy``) and the trials API.
+"""The statements of a proxy call, and the reads behind them: one trial's calls in SQL.
 
 A call's tokens are stored once: ``delta_ids`` holds only the prompt tokens beyond its parent's
 end, so a call's full ids are rebuilt by walking its ancestors (``end_ids``). The proxy keeps the
@@ -8,94 +8,25 @@ The statements a proxy call runs (``find_parent``, ``add_call``, ``finish_call``
 Core, built once: building an expression and loading ORM objects cost more Python than the
 round trips themselves. On PostgreSQL a call's start is one statement and its finish one
 statement under the trial's lock; SQLite (no writes in WITH) takes one statement per table.
+``farm.trials.async_statements`` runs the same statements from the proxy's event loop.
 """
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, NoReturn, cast
 
 import numpy as np
 from sqlalchemy import ARRAY, Connection, LargeBinary, Table, and_, any_, bindparam, case, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from farm.db.arrays import FLOAT32, INT32
 from farm.db.base import utcnow
 from farm.db.models import DONE_CHILD_INDEX, Trial, TrialCall
-from farm.errors import Conflict
-
-# Re-exported: callers name them as ``trials.TrialEnded`` (the proxy among them).
-from farm.errors import TrialEnded as TrialEnded
-from farm.errors import TrialNotFound as TrialNotFound
-
-#: ids a harness or trainer may give a trial: they appear in URLs.
-TRIAL_ID_ALPHABET = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
-KEY_PREFIX = "farm-trial-"
+from farm.errors import TrialEnded, TrialNotFound
+from farm.trials.values import CallFinish, CallStart, CompletionEnd, Credentials, LatestCall, Parent
 
 TRIALS, CALLS = cast(Table, Trial.__table__), cast(Table, TrialCall.__table__)
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def key_matches(key_sha256: str, key: str) -> bool:
-    return secrets.compare_digest(key_sha256, hash_key(key))
-
-
-def new_trial(
-    session: Session,
-    *,
-    trial_id: str | None,
-    model: str,
-    job_id: int | None = None,
-    sampling: dict[str, Any] | None = None,
-    meta: dict[str, Any] | None = None,
-) -> tuple[Trial, str]:
-    """Add a trial; returns it and its secret key (shown once: only its hash is stored).
-
-    Raises:
-        Conflict: a trial with this id exists.
-    """
-    trial_id = trial_id or f"t-{secrets.token_hex(12)}"
-    if session.get(Trial, trial_id) is not None:
-        raise Conflict(f"trial {trial_id!r} exists; choose another id or omit it", trial_id=trial_id)
-    key = KEY_PREFIX + secrets.token_urlsafe(32)
-    trial = Trial(
-        id=trial_id,
-        key_sha256=hash_key(key),
-        job_id=job_id,
-        model=model,
-        sampling=sampling or {},
-        meta=meta or {},
-        calls=0,
-        segments=0,
-    )
-    session.add(trial)
-    session.flush()
-    return trial, key
-
-
-def get(session: Session, trial_id: str) -> Trial:
-    trial = session.get(Trial, trial_id)
-    if trial is None:
-        raise TrialNotFound(f"no trial {trial_id!r}", trial_id=trial_id)
-    return trial
-
-
-@dataclass(frozen=True)
-class Credentials:
-    """What the proxy needs to let a key into a trial."""
-
-    key_sha256: str
-    model: str
-    sampling: dict[str, Any]
-    ended: bool
 
 
 CREDENTIALS = select(TRIALS.c.key_sha256, TRIALS.c.model, TRIALS.c.sampling, TRIALS.c.ended_at).where(
@@ -110,19 +41,6 @@ def credentials(conn: Connection, trial_id: str) -> Credentials | None:
     return Credentials(
         key_sha256=row.key_sha256, model=row.model, sampling=row.sampling, ended=row.ended_at is not None
     )
-
-
-@dataclass(frozen=True)
-class Parent:
-    """The recorded call a new request extends, and how many of the request's messages it covers."""
-
-    seq: int
-    segment: int
-    covered: int
-    last_sampled_id: int | None
-    #: when the call began: with the seq, it names this call and no call of an earlier trial of
-    #: the same id (a trial deleted and made again, or reset, numbers its calls from 0 again).
-    started_at: datetime | None = None
 
 
 # A call's end_hash is the chained hash of its request's messages plus its reply, so a call whose
@@ -181,33 +99,14 @@ _LATEST = (
 )
 
 
-def latest_hashes(conn: Connection, trial_id: str) -> tuple[int, list[bytes]] | None:
-    """The most recent finished call's seq and per-message hashes (its request plus its reply)."""
+def latest_call(conn: Connection, trial_id: str) -> LatestCall | None:
+    """The most recent finished call."""
     row = conn.execute(_LATEST, {"trial_id": trial_id}).one_or_none()
     if row is None:
         return None
     raw = bytes(row.message_hashes)
     hashes = [raw[i : i + 16] for i in range(0, len(raw), 16)]
-    return row.seq, [*hashes, bytes(row.end_hash)] if row.end_hash is not None else hashes
-
-
-@dataclass(frozen=True)
-class CompletionEnd:
-    """A finished legacy completion call, as a later completion prompt is compared with it
-    (``farm.proxy.completion``)."""
-
-    seq: int
-    segment: int
-    finish_reason: str | None
-    stop_string: str | None
-    #: its prompt ids + sampled ids: how many, and their hash (``end_hash``).
-    end_tokens: int
-    end_hash: bytes
-    prompt_hash: bytes
-    #: a text prompt's keys (``farm.proxy.completion.text_keys``); None for a prompt of ids.
-    text_keys: dict[str, Any] | None
-    #: when it started: with the seq, what tells it from a call of an earlier life of the trial id.
-    started_at: datetime | None = None
+    return LatestCall(row.seq, [*hashes, bytes(row.end_hash)] if row.end_hash is not None else hashes)
 
 
 _COMPLETION_ENDS = (
@@ -307,15 +206,14 @@ def _add_call_statement() -> Any:
 ADD_CALL = _add_call_statement()
 
 
-def add_call(conn: Connection, trial_id: str, **start: Any) -> int:
+def add_call(conn: Connection, trial_id: str, start: CallStart) -> int:
     """Record a call as started (state ``pending``), taking its seq and, without a parent, a new
-    segment; returns the seq. ``start``: ``pending_params``'s keywords. The caller commits (on
-    SQLite: the two statements are one transaction).
+    segment; returns the seq. The caller commits (on SQLite: the two statements are one transaction).
 
     Raises:
-        TrialNotFound, TrialEnded.
+        TrialNotFound, TrialEnded: the trial is not open.
     """
-    pending = pending_params(trial_id, **start)
+    pending = pending_params(trial_id, start)
     if conn.dialect.name == "postgresql":
         seq = conn.execute(ADD_CALL, pending).scalar_one_or_none()
         if seq is None:
@@ -324,41 +222,30 @@ def add_call(conn: Connection, trial_id: str, **start: Any) -> int:
     taken = conn.execute(_TAKE_SEQ, {k: pending[k] for k in ("_trial_id", "_new_segment")}).one_or_none()
     if taken is None:
         raise_closed(conn, trial_id)
-    parent = start["parent"]
+    parent = start.parent
     segment = taken.last_segment if parent is None else parent.segment
     row = {name: pending[name] for name in _PENDING_COLUMNS}
     conn.execute(_INSERT_PENDING, {**row, "seq": taken.seq, "segment": segment})
     return int(taken.seq)
 
 
-def pending_params(
-    trial_id: str,
-    *,
-    parent: Parent | None,
-    wire: str,
-    streamed: bool,
-    message_hashes: Sequence[bytes],
-    delta_ids: Sequence[int],
-    prompt_tokens: int,
-    continuity: dict[str, Any],
-    messages: list[dict[str, Any]] | None = None,
-    started_at: datetime | None = None,
-) -> dict[str, Any]:
+def pending_params(trial_id: str, start: CallStart) -> dict[str, Any]:
     """``ADD_CALL``'s parameters (``add_call``)."""
+    parent = start.parent
     pending = {
         "trial_id": trial_id,
         "parent_seq": parent.seq if parent is not None else None,
         "state": "pending",
-        "wire": wire,
-        "streamed": streamed,
-        "message_hashes": b"".join(message_hashes),
-        "delta_ids": np.asarray(delta_ids, dtype=INT32).tobytes(),
-        "messages": messages,
-        "prompt_tokens": prompt_tokens,
+        "wire": start.wire,
+        "streamed": start.streamed,
+        "message_hashes": b"".join(start.message_hashes),
+        "delta_ids": np.asarray(start.delta_ids, dtype=INT32).tobytes(),
+        "messages": start.messages,
+        "prompt_tokens": start.prompt_tokens,
         "sampled_ids": b"",
         "logprobs": b"",
-        "continuity": continuity,
-        "started_at": started_at or utcnow(),
+        "continuity": start.continuity,
+        "started_at": start.started_at,
     }
     return {
         **pending,
@@ -369,6 +256,12 @@ def pending_params(
 
 
 def raise_closed(conn: Connection, trial_id: str) -> NoReturn:
+    """Why a call could not start.
+
+    Raises:
+        TrialNotFound: no trial has this id.
+        TrialEnded: the trial has ended.
+    """
     if conn.execute(CREDENTIALS, {"trial_id": trial_id}).one_or_none() is None:
         raise TrialNotFound(f"no trial {trial_id!r}", trial_id=trial_id)
     raise TrialEnded(f"trial {trial_id!r} has ended", trial_id=trial_id)
@@ -414,11 +307,9 @@ _NEW_SEGMENT = (
 _FINISH_BRANCH = update(CALLS).where(_PENDING_CALL).values(state="done")
 
 
-def finish_call(conn: Connection, trial_id: str, seq: int, *, parent_seq: int | None, **finish: Any) -> bool:
+def finish_call(conn: Connection, trial_id: str, seq: int, finish: CallFinish, *, parent_seq: int | None) -> bool:
     """Record what the call sampled and answered. False when the call was not pending any more.
-    ``finish``: ``finished_params``'s keywords. The caller commits, durably: the harness gets the
-    answer only after that. ``continuity`` replaces the entry the call's start wrote, when its
-    finish has more to say (None keeps it).
+    The caller commits, durably: the harness gets the answer only after that.
 
     A call whose parent already has a finished child in the parent's segment (a retry, or a second
     continuation of the same history) is a branch: it moves to a segment of its own. This is decided
@@ -429,8 +320,7 @@ def finish_call(conn: Connection, trial_id: str, seq: int, *, parent_seq: int | 
     """
     if parent_seq is not None:
         conn.execute(LOCK_TRIAL, {"_trial_id": trial_id})
-    finished = finished_params(**finish)
-    continuity = finish.get("continuity")
+    finished = finished_params(finish)
     call = {"_trial_id": trial_id, "_seq": seq}
     if _finished(conn, {**call, **finished}):
         return True
@@ -441,7 +331,7 @@ def finish_call(conn: Connection, trial_id: str, seq: int, *, parent_seq: int | 
         return False  # no longer pending
     segment = conn.execute(_NEW_SEGMENT, {"_trial_id": trial_id}).scalar_one()
     entry = {
-        **(continuity or branch.continuity),
+        **(finish.continuity or branch.continuity),
         "branch": True,
         "sibling": branch.sibling,
         "reason": f"call {branch.sibling} already continued call {parent_seq}'s history in its segment "
@@ -453,7 +343,7 @@ def finish_call(conn: Connection, trial_id: str, seq: int, *, parent_seq: int | 
 
 def _finished(conn: Connection, params: dict[str, Any]) -> bool:
     """``FINISH``: False when the call is not pending, or a sibling finished first. A finish on a
-    proxy's event loop takes no lock (``farm.db.async_trials``): a sibling may commit there between
+    proxy's event loop takes no lock (``farm.trials.async_statements``): a sibling may commit there between
     this statement's check and its update, and ``uq_trial_calls_done_child`` then refuses the
     update; on PostgreSQL it runs in a savepoint, so the transaction goes on to branch the call."""
     if conn.dialect.name != "postgresql":
@@ -467,34 +357,22 @@ def _finished(conn: Connection, params: dict[str, Any]) -> bool:
         return False
 
 
-def finished_params(
-    *,
-    sampled_ids: Sequence[int],
-    logprobs: Sequence[float],
-    finish_reason: str,
-    reply: dict[str, Any],
-    end_hash: bytes,
-    backend_id: str | None,
-    first_token_s: float | None,
-    latency_s: float,
-    weight_versions: Sequence[Sequence[int]] = (),
-    continuity: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def finished_params(finish: CallFinish) -> dict[str, Any]:
     """``FINISH``'s values (``finish_call``): ``FINISHED_COLUMNS``, and ``continuity`` when given."""
     finished = {
-        "sampled_ids": np.asarray(sampled_ids, dtype=INT32).tobytes(),
-        "logprobs": np.asarray(logprobs, dtype=FLOAT32).tobytes(),
-        "finish_reason": finish_reason,
-        "reply": reply,
-        "end_hash": end_hash,
-        "backend_id": backend_id,
-        "first_token_s": first_token_s,
-        "latency_s": latency_s,
-        "weight_versions": [list(span) for span in weight_versions],
+        "sampled_ids": np.asarray(finish.sampled_ids, dtype=INT32).tobytes(),
+        "logprobs": np.asarray(finish.logprobs, dtype=FLOAT32).tobytes(),
+        "finish_reason": finish.finish_reason,
+        "reply": finish.reply,
+        "end_hash": finish.end_hash,
+        "backend_id": finish.backend_id,
+        "first_token_s": finish.first_token_s,
+        "latency_s": finish.latency_s,
+        "weight_versions": [list(span) for span in finish.weight_versions],
         "finished_at": utcnow(),
     }
-    if continuity is not None:
-        finished["continuity"] = continuity
+    if finish.continuity is not None:
+        finished["continuity"] = finish.continuity
     return finished
 
 
@@ -512,30 +390,3 @@ def fail_call(conn: Connection, trial_id: str, seq: int, error: str, *, seen: bo
             .where(TRIALS.c.id == trial_id, TRIALS.c.incomplete.is_(None))
             .values(incomplete=f"call {seq} streamed part of an answer and then failed: {error[:500]}")
         )
-
-
-def end(session: Session, trial_id: str) -> Trial:
-    """End the trial (idempotent). Calls still generating are marked failed; a streamed one may
-    have shown the harness part of an answer the record does not hold, so the record is incomplete."""
-    trial = get(session, trial_id)
-    if trial.ended_at is None:
-        pending = session.execute(
-            select(TrialCall.seq, TrialCall.streamed).where(
-                TrialCall.trial_id == trial_id, TrialCall.state == "pending"
-            )
-        ).all()
-        for seq, streamed in pending:
-            reason = "the trial ended while this call was generating (or its proxy process died)"
-            fail_call(session.connection(), trial_id, seq, reason, seen=streamed)
-        trial.ended_at = utcnow()
-        session.flush()
-        session.refresh(trial)
-    return trial
-
-
-def calls(session: Session, trial_id: str) -> list[TrialCall]:
-    return list(session.scalars(select(TrialCall).where(TrialCall.trial_id == trial_id).order_by(TrialCall.seq)))
-
-
-def ended_before(session: Session, moment: datetime) -> list[str]:
-    return list(session.scalars(select(Trial.id).where(Trial.ended_at < moment)))

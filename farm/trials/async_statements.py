@@ -1,4 +1,4 @@
-"""A proxy call's three statements of ``farm.db.trials`` run from the event loop (PostgreSQL only).
+"""A proxy call's three statements of ``farm.trials.statements`` run from the event loop (PostgreSQL only).
 
 ``find_parent``, ``add_call`` and the usual ``finish_call`` are the same SQLAlchemy statements,
 compiled once to SQL and run through psycopg's async driver as server-side prepared statements.
@@ -25,9 +25,9 @@ from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from farm.db import trials
 from farm.db.session import libpq_url
-from farm.db.trials import Parent
+from farm.trials import statements
+from farm.trials.values import CallFinish, CallStart, Parent
 
 _DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]
 
@@ -58,15 +58,15 @@ class _Compiled:
         return out
 
 
-_PARENT = _Compiled.of(trials.PARENT_ANY)
-_ADD_CALL = _Compiled.of(trials.ADD_CALL)
-_FINISH = _Compiled.of(trials.FINISH, ["_trial_id", "_seq", *trials.FINISHED_COLUMNS])
-_FINISH_CONTINUITY = _Compiled.of(trials.FINISH, ["_trial_id", "_seq", *trials.FINISHED_COLUMNS, "continuity"])
+_PARENT = _Compiled.of(statements.PARENT_ANY)
+_ADD_CALL = _Compiled.of(statements.ADD_CALL)
+_FINISH = _Compiled.of(statements.FINISH, ["_trial_id", "_seq", *statements.FINISHED_COLUMNS])
+_FINISH_CONTINUITY = _Compiled.of(statements.FINISH, ["_trial_id", "_seq", *statements.FINISHED_COLUMNS, "continuity"])
 
 
 class AsyncTrials:
     """Two pools: ``early`` commits without waiting for the disk (a call's pending row, which a
-    database crash may lose: see ``ProxyCore._record_start``), ``durable`` waits (a finish)."""
+    database crash may lose: see ``farm.trials.recorder``), ``durable`` waits (a finish)."""
 
     def __init__(self, url: str, *, max_size: int, timeout_s: float = 10.0) -> None:
         dsn = libpq_url(url)
@@ -110,30 +110,30 @@ class AsyncTrials:
             await self.durable.close()
 
     async def find_parent(self, trial_id: str, message_hashes: Sequence[bytes]) -> Parent | None:
-        """``trials.find_parent``."""
+        """``statements.find_parent``."""
         if len(message_hashes) < 2:
             return None
         async with self.early.connection() as conn:
             params = _PARENT.params({"trial_id": trial_id, "hashes": list(message_hashes[:-1])})
             row = await (await conn.execute(_PARENT.sql, params, prepare=True)).fetchone()
-        return trials.parent_of(row, len(message_hashes[0])) if row is not None else None
+        return statements.parent_of(row, len(message_hashes[0])) if row is not None else None
 
-    async def add_call(self, trial_id: str, **pending: Any) -> int | None:
-        """``trials.add_call``, committed at once (without waiting for the disk); None when the
-        trial is not open (``trials.add_call`` says why)."""
-        params = _ADD_CALL.params(trials.pending_params(trial_id, **pending))
+    async def add_call(self, trial_id: str, start: CallStart) -> int | None:
+        """``statements.add_call``, committed at once (without waiting for the disk); None when the
+        trial is not open (``statements.raise_closed`` says why)."""
+        params = _ADD_CALL.params(statements.pending_params(trial_id, start))
         async with self.early.connection() as conn:
             row = await (await conn.execute(_ADD_CALL.sql, params, prepare=True)).fetchone()
         return int(row.seq) if row is not None else None
 
-    async def finish_call(self, trial_id: str, seq: int, **finished: Any) -> bool:
-        """``trials.finish_call``'s usual case, committed durably: False when the call is not pending
-        or a sibling finished first (``trials.finish_call`` then does the rest).
+    async def finish_call(self, trial_id: str, seq: int, finish: CallFinish) -> bool:
+        """``statements.finish_call``'s usual case, committed durably: False when the call is not
+        pending or a sibling finished first (``statements.finish_call`` then does the rest).
 
         One statement, its own transaction, without the trial's lock: a sibling finishing at the
         same moment is caught by ``uq_trial_calls_done_child`` (the one to commit second fails).
         """
-        values = trials.finished_params(**finished)
+        values = statements.finished_params(finish)
         statement = _FINISH_CONTINUITY if "continuity" in values else _FINISH
         params = statement.params({"_trial_id": trial_id, "_seq": seq, **values})
         async with self.durable.connection() as conn:

@@ -1,35 +1,20 @@
-"""Tool calls out of the model's text, as it streams: the ``hermes`` format.
+"""The ``hermes`` tool-call format (vLLM's ``hermes`` parser): Qwen 2.5/3, Hermes, and the tiny model.
 
-The model writes a call as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Qwen 2.5/3,
-Hermes, and the tiny model's template render calls the same way, so a reply the harness echoes
-back renders as the model wrote it). ``ToolCallSplitter`` takes the decoded text piece by piece and
-hands back prose as soon as it cannot be the start of a call block, and each call once its block
-closes. A block that is not a well-formed call stays prose: the harness sees what the model
-wrote, and the policy is not credited with a call it did not make.
+The model writes a call as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (their
+templates render calls the same way, so a reply the harness echoes back renders as the model wrote
+it). ``HermesToolCallParser`` takes the decoded text piece by piece and hands back prose as soon as it
+cannot be the start of a call block, and each call once its block closes. A block that is not a
+well-formed call stays prose.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+
+from farm.proxy.toolparse import CallPiece, Piece, TextPiece
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
-
-
-@dataclass(frozen=True)
-class TextPiece:
-    text: str
-
-
-@dataclass(frozen=True)
-class CallPiece:
-    name: str
-    #: the arguments object as compact JSON text.
-    arguments: str
-
-
-Piece = TextPiece | CallPiece
 
 
 def parse_call(body: str) -> CallPiece | None:
@@ -51,17 +36,14 @@ def parse_call(body: str) -> CallPiece | None:
     return CallPiece(name=value["name"], arguments=json.dumps(arguments, ensure_ascii=False))
 
 
-class ToolCallSplitter:
-    """Feed decoded text with ``push``; ``finish`` at the end. Pieces come out in order."""
+class HermesToolCallParser:
+    """``<tool_call>`` blocks (a ``farm.proxy.toolparse.ToolCallParser``)."""
 
-    def __init__(self, *, parse_calls: bool = True) -> None:
-        self.parse_calls = parse_calls
+    def __init__(self) -> None:
         self._pending = ""
         self._in_block = False
 
     def push(self, text: str) -> list[Piece]:
-        if not self.parse_calls:
-            return [TextPiece(text)] if text else []
         self._pending += text
         pieces: list[Piece] = []
         while self._pending:

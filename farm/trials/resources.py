@@ -15,15 +15,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from farm.config import Settings
 from farm.constants import trial_balancer_key
-from farm.db import trials
 from farm.db.session import transaction
 from farm.handlers.base import OpenTrial
 from farm.llm.balancer import Balancer
-from farm.proxy import record
 from farm.schemas import TrajectoryData, TrialRecordData
+from farm.trials import record, store
 
 
 class TrialResources:
+    """A worker's trials: opened per RUN attempt, closed into one trajectory per segment."""
+
     def __init__(self, settings: Settings, *, sessions: sessionmaker[Session], balancer: Balancer) -> None:
         self._settings = settings
         self._sessions = sessions
@@ -35,7 +36,7 @@ class TrialResources:
 
     def open(self, *, job_id: int, attempt: int, sampling: dict[str, Any]) -> OpenTrial:
         with transaction(self._sessions) as session:
-            trial, key = trials.new_trial(
+            trial, key = store.new_trial(
                 session,
                 trial_id=f"job{job_id}-a{attempt}-{secrets.token_hex(4)}",
                 model=self._settings.llm.builtin_model_name,
@@ -46,8 +47,8 @@ class TrialResources:
 
     def close(self, trial_id: str) -> TrialRecordData:
         with transaction(self._sessions) as session:
-            trial = trials.end(session, trial_id)
-            calls = trials.calls(session, trial_id)
+            trial = store.end(session, trial_id)
+            calls = store.calls(session, trial_id)
             segments = record.segments(calls)
             done = [c for c in calls if c.state == "done"]
             last_segment = max(done, key=lambda c: c.seq).segment if done else None

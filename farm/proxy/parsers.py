@@ -1,0 +1,65 @@
+"""The one place a call's tool-call and reasoning parsers are chosen, by the names vLLM uses.
+
+``choose`` picks the names for a trial (today every trial's model writes ``hermes`` calls and no
+reasoning of its own; a model family's template, a backend or a trial may name others). The
+registries map a name to its parser: a family's format is added here and in a module of its own
+(``farm.proxy.toolparse.<name>``, ``farm.proxy.reasoning``), and the core never branches on which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from farm.errors import ConfigError
+from farm.proxy.events import TrialContext
+from farm.proxy.reasoning import NoReasoning, ReasoningParser
+from farm.proxy.toolparse import NoToolCalls, ToolCallParser
+from farm.proxy.toolparse.hermes import HermesToolCallParser
+
+#: tool-call parsers by vLLM's ``--tool-call-parser`` name.
+TOOL_CALL_PARSERS: dict[str, Callable[[], ToolCallParser]] = {"hermes": HermesToolCallParser}
+#: reasoning parsers by vLLM's ``--reasoning-parser`` name (``none``: the model writes no reasoning).
+REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {"none": NoReasoning}
+P = TypeVar("P")
+
+
+@dataclass(frozen=True)
+class ParserNames:
+    """Which parsers read a trial's answers."""
+
+    tool_calls: str = "hermes"
+    reasoning: str = "none"
+
+
+def choose(trial: TrialContext) -> ParserNames:
+    """The parsers for the trial's model (every model served today writes hermes calls)."""
+    return ParserNames()
+
+
+def tool_call_parser(name: str, *, parse_calls: bool) -> ToolCallParser:
+    """A fresh parser for one answer; ``parse_calls`` False: all text is prose (no tools offered).
+
+    Raises:
+        ConfigError: no parser has this name (the message lists the known ones).
+    """
+    if not parse_calls:
+        return NoToolCalls()
+    return _make(TOOL_CALL_PARSERS, name, "tool-call")()
+
+
+def reasoning_parser(name: str) -> ReasoningParser:
+    """A fresh parser for one answer.
+
+    Raises:
+        ConfigError: no parser has this name (the message lists the known ones).
+    """
+    return _make(REASONING_PARSERS, name, "reasoning")()
+
+
+def _make(registry: dict[str, Callable[[], P]], name: str, kind: str) -> Callable[[], P]:
+    try:
+        return registry[name]
+    except KeyError:
+        raise ConfigError(f"no {kind} parser {name!r}; known: {', '.join(sorted(registry))}") from None
