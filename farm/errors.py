@@ -43,6 +43,13 @@
     Cancelled(Exception)                control flow, not a failure: the job was cancelled while its
                                         model call was in flight (the agent loop ends the episode)
 
+    ProxyError(Exception)               a failure as the proxy answers a harness: status, message,
+                                        field and code, written by each wire format in its own shape
+    TemplateFork(Exception)             the chat template cannot extend a trial's history append-only
+                                        (the proxy starts a new segment, and says why)
+    NoCallOpening(Exception)            the template writes no ``<tool_call>`` opening after a history
+                                        (a forced tool call cannot be primed)
+
 The policy failing (wrong answer, failing tests, a bad tool call) is a *result*, never
 an exception. Raise only when infrastructure fails; ``outcome`` says how a job that
 dies of the exception is reported. A handler raising a ``FarmError`` gets its stage again
@@ -52,9 +59,7 @@ Which exceptions live here: every one that leaves the module raising it (caught,
 HTTP code or an outcome, or tested for, anywhere else). An exception raised and caught inside one
 module, as its own control flow, stays there, private (``_TooLarge`` in ``farm.api.errors``,
 ``_TestTimeout`` in ``tasks.code.harness``, ``EditorError`` in ``farm.tools.editor``).
-``tests/unit/test_errors.py`` holds both halves of that rule. ``farm.proxy`` keeps its own for
-now (``ProxyError``, its wire answer, and the continuity checks' ``TemplateFork`` and
-``NoCallOpening``): the test names them as the known exceptions to the rule.
+``tests/unit/test_errors.py`` holds both halves of that rule.
 """
 
 from __future__ import annotations
@@ -322,3 +327,23 @@ def api_error(status: int, code: str, detail: str, field: str | None = None) -> 
     """The exception for an error answer: an ``ApiError`` that is also the class of ``code``
     (a plain ``ApiError`` for a code this client does not know)."""
     return _API_CLASSES.get(code, ApiError)(status, code, detail, field)
+
+
+class ProxyError(Exception):
+    """A failure as the proxy answers a harness: its HTTP status, message, field and code. Not a
+    ``FarmError``: it is an answer already, which each wire format writes in its own error shape."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class TemplateFork(Exception):
+    """The template cannot extend this history append-only; the message says how."""
+
+
+class NoCallOpening(Exception):
+    """The template does not write a tool call as a ``<tool_call>`` block after this history."""

@@ -22,8 +22,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from farm.errors import ProxyError
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
-from farm.proxy.errors import CONTEXT_LENGTH, ProxyError, validated
+from farm.proxy.errors import CONTEXT_LENGTH, validated
 from farm.proxy.events import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
 from farm.proxy.wire import Answer, WireRequest
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from farm.errors import NoCallOpening, TemplateFork
 from farm.llm.trajectory import ChatTokenizer
 from farm.proxy.conversation import Message, Tool, ToolCall
 from farm.proxy.toolparse.hermes import OPEN_TAG
@@ -65,14 +66,6 @@ class Continuity:
         if self.forced_prefix_tokens:
             out.update(forced_prefix_tokens=self.forced_prefix_tokens, forced_prefix_reason=self.forced_prefix_reason)
         return out
-
-
-class TemplateFork(Exception):
-    """The template cannot extend this history append-only; the message says how."""
-
-
-class NoCallOpening(Exception):
-    """The template does not write a tool call as a ``<tool_call>`` block after this history."""
 
 
 class Renderer:

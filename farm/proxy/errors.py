@@ -14,6 +14,7 @@ from farm.errors import (
     FarmError,
     InvalidSpec,
     NoBackendAvailable,
+    ProxyError,
     TrialEnded,
     TrialNotFound,
     Unauthorized,
@@ -28,18 +29,6 @@ CONTEXT_LENGTH = "context_length_exceeded"
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
-
-
-class ProxyError(Exception):
-    """A failure as a harness is answered: its HTTP status, message, field and code. Raised and
-    caught inside ``farm.proxy`` only (each format writes it in its own error shape)."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
 
 
 def is_harness_path(path: str) -> bool:

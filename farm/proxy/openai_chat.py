@@ -18,8 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from farm.errors import ProxyError
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
-from farm.proxy.errors import ProxyError, validated
+from farm.proxy.errors import validated
 from farm.proxy.events import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent, Usage
 from farm.proxy.wire import Answer, WireRequest
 

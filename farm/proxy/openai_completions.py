@@ -24,8 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from farm.errors import ProxyError
 from farm.proxy.conversation import CompletionRequest, Sampling
-from farm.proxy.errors import CONTEXT_LENGTH, ProxyError, validated
+from farm.proxy.errors import CONTEXT_LENGTH, validated
 from farm.proxy.events import Event, Finished, Started, TextDelta
 from farm.proxy.openai_chat import StreamOptions, error_body, sse, usage_body
 from farm.proxy.wire import Answer, WireRequest

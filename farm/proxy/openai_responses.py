@@ -25,8 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from farm.errors import ProxyError
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
-from farm.proxy.errors import ProxyError, validated
+from farm.proxy.errors import validated
 from farm.proxy.events import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
 from farm.proxy.openai_chat import check_top_logprobs, error_body, text_of, token_logprobs
 from farm.proxy.wire import Answer, WireRequest

@@ -17,10 +17,10 @@ from typing import Any, cast
 import numpy as np
 from pydantic import ValidationError
 
-from farm.errors import InvalidSpec
+from farm.errors import InvalidSpec, NoCallOpening, TemplateFork
 from farm.llm.types import SamplingParams
 from farm.proxy import completion
-from farm.proxy.continuity import Continuity, NoCallOpening, Renderer, TemplateFork
+from farm.proxy.continuity import Continuity, Renderer
 from farm.proxy.conversation import ChatRequest, CompletionRequest, Message
 from farm.proxy.events import TrialContext
 from farm.trials import statements

@@ -28,12 +28,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from farm.errors import FarmError
+from farm.errors import FarmError, ProxyError
 from farm.proxy import anthropic_messages
 from farm.proxy.anthropic_messages import AnthropicMessagesFormat
 from farm.proxy.conversation import ChatRequest, CompletionRequest
 from farm.proxy.core import ProxyCore
-from farm.proxy.errors import ProxyError, invalid, proxy_error, translated, unexpected
+from farm.proxy.errors import invalid, proxy_error, translated, unexpected
 from farm.proxy.events import Event, Finished, TrialContext
 from farm.proxy.openai_chat import OpenAIChatFormat
 from farm.proxy.openai_completions import OpenAICompletionsFormat

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from farm.errors import ProxyError
 from farm.proxy.conversation import ChatRequest, CompletionRequest
-from farm.proxy.errors import ProxyError
 from farm.proxy.events import Event, Finished
 
 

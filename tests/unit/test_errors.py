@@ -13,8 +13,8 @@ import farm.errors
 
 ROOT = Path(__file__).resolve().parents[2]
 ERRORS = ROOT / "farm" / "errors.py"
-#: shared exceptions not moved yet: the proxy's own (owned by the proxy's rework, issue 27).
-KNOWN_ELSEWHERE = {"ProxyError", "TemplateFork", "NoCallOpening"}
+#: shared exceptions that may live elsewhere: none.
+KNOWN_ELSEWHERE: set[str] = set()
 _BUILTIN_EXCEPTIONS = {
     name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
 }

@@ -9,7 +9,8 @@ import pytest
 
 from farm.db.arrays import FLOAT32, INT32
 from farm.db.models import TrialCall
-from farm.proxy.continuity import NoCallOpening, Renderer
+from farm.errors import NoCallOpening
+from farm.proxy.continuity import Renderer
 from farm.proxy.conversation import Message, Tool, ToolCall
 from farm.proxy.toolparse import CallPiece
 from farm.proxy.toolparse.hermes import HermesToolCallParser

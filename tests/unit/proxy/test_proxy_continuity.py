@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from farm.proxy.continuity import Renderer, TemplateFork
+from farm.errors import TemplateFork
+from farm.proxy.continuity import Renderer
 from farm.proxy.conversation import Message, Tool, ToolCall, chain, extend
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from farm.errors import ConfigError
-from farm.proxy.errors import CONTEXT_LENGTH, ProxyError
+from farm.errors import ConfigError, ProxyError
+from farm.proxy.errors import CONTEXT_LENGTH
 from farm.proxy.events import TrialContext
 from farm.proxy.parsers import ParserNames, choose, reasoning_parser, tool_call_parser
 from farm.proxy.reasoning import Split
