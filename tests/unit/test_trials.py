@@ -348,7 +348,7 @@ def test_trials_recorder_records_a_conversation_its_branch_and_its_failure(
     ]
     assert by_seq[other].continuity["sibling"] == one
     with sessions() as session:
-        assert "call 3 streamed part of an answer" in store.get(session, trial_id).incomplete
+        assert "call 3 streamed part of an answer" in (store.get(session, trial_id).incomplete or "")
         store.end(session, trial_id)
         session.commit()
     # A closed trial's start says why
