@@ -15,13 +15,31 @@ from typing import TypeVar
 from farm.errors import ConfigError
 from farm.proxy.events import TrialContext
 from farm.proxy.reasoning import NoReasoning, ReasoningParser
+from farm.proxy.reasoning_formats import DeepSeekR1Reasoning, HarmonyReasoning, Qwen3Reasoning
 from farm.proxy.toolparse import NoToolCalls, ToolCallParser
+from farm.proxy.toolparse.deepseek_v31 import DeepSeekV31Parser
+from farm.proxy.toolparse.glm45 import Glm45Parser
+from farm.proxy.toolparse.harmony import HarmonyParser
 from farm.proxy.toolparse.hermes import HermesToolCallParser
+from farm.proxy.toolparse.kimi_k2 import KimiK2Parser
+from farm.proxy.toolparse.llama3_json import Llama3JsonParser
+from farm.proxy.toolparse.mistral import MistralParser
+from farm.proxy.toolparse.qwen3_coder import Qwen3CoderParser
 
 #: tool-call parsers by vLLM's ``--tool-call-parser`` name.
 TOOL_CALL_PARSERS: dict[str, Callable[[], ToolCallParser]] = {"hermes": HermesToolCallParser}
 #: reasoning parsers by vLLM's ``--reasoning-parser`` name (``none``: the model writes no reasoning).
 REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {"none": NoReasoning}
+TOOL_CALL_PARSERS["qwen3_coder"] = Qwen3CoderParser
+TOOL_CALL_PARSERS["llama3_json"] = Llama3JsonParser
+TOOL_CALL_PARSERS["deepseek_v31"] = DeepSeekV31Parser
+TOOL_CALL_PARSERS["glm45"] = Glm45Parser
+TOOL_CALL_PARSERS["kimi_k2"] = KimiK2Parser
+TOOL_CALL_PARSERS["mistral"] = MistralParser
+TOOL_CALL_PARSERS["openai"] = HarmonyParser
+REASONING_PARSERS["deepseek_r1"] = DeepSeekR1Reasoning
+REASONING_PARSERS["qwen3"] = Qwen3Reasoning
+REASONING_PARSERS["openai_gptoss"] = HarmonyReasoning
 P = TypeVar("P")
 
 

@@ -1,0 +1,129 @@
+"""Reasoning formats (``farm.proxy.reasoning.ReasoningParser``), named as vLLM's ``--reasoning-parser``.
+
+- ``deepseek_r1``: DeepSeek-R1 and its distills. Their template ends the prompt with ``<think>\\n``,
+  so the answer starts inside the reasoning and closes it with ``</think>``; a ``<think>`` the model
+  writes itself is dropped. With no ``</think>`` the whole answer is reasoning (as vLLM reads it).
+- ``qwen3``: Qwen3 and QwQ. The same tags, read as vLLM's Qwen3 parser does: the answer starts in
+  the reasoning (the thinking template may put ``<think>`` in the prompt, or the model writes it),
+  a ``<tool_call>`` also ends it (the call is the answer's), a second ``</think>`` is dropped.
+- ``openai_gptoss``: gpt-oss. Harmony's ``analysis`` messages are the reasoning; the other
+  messages are handed on as written, for the ``openai`` tool-call parser to read.
+
+Each splits the text as it streams: a tag cut across two pushes is held back until it is whole.
+"""
+
+from __future__ import annotations
+
+from farm.proxy.reasoning import Split
+from farm.proxy.toolparse.harmony import ENDS, MESSAGE, classify
+from farm.proxy.toolparse.scan import first_of, partial_tail
+
+THINK = "<think>"
+END_THINK = "</think>"
+
+
+class ThinkTags:
+    """``<think>...</think>`` reasoning at the start of the answer (a ``ReasoningParser``)."""
+
+    #: tags that end the reasoning and belong to the answer.
+    answer_starts: tuple[str, ...] = ()
+    #: drop a ``</think>`` written after the reasoning ended.
+    drop_late_end = False
+
+    def __init__(self) -> None:
+        self._pending = ""
+        self._thinking = True
+
+    def push(self, text: str) -> Split:
+        self._pending += text
+        reasoning: list[str] = []
+        content: list[str] = []
+        while self._pending:
+            if not self._thinking:
+                if not self.drop_late_end:
+                    content.append(self._pending)
+                    self._pending = ""
+                    break
+                at = self._pending.find(END_THINK)
+                if at >= 0:
+                    content.append(self._pending[:at])
+                    self._pending = self._pending[at + len(END_THINK) :]
+                    continue
+                keep = partial_tail(self._pending, [END_THINK])
+                content.append(self._pending[: len(self._pending) - keep])
+                self._pending = self._pending[len(self._pending) - keep :]
+                break
+            tags = [THINK, END_THINK, *self.answer_starts]
+            at, tag = first_of(self._pending, tags)
+            if at < 0:
+                keep = partial_tail(self._pending, tags)
+                reasoning.append(self._pending[: len(self._pending) - keep])
+                self._pending = self._pending[len(self._pending) - keep :]
+                break
+            reasoning.append(self._pending[:at])
+            if tag == THINK:
+                self._pending = self._pending[at + len(THINK) :]
+                continue
+            self._thinking = False
+            self._pending = self._pending[at + (len(tag) if tag == END_THINK else 0) :]
+        return Split(reasoning="".join(reasoning), content="".join(content))
+
+    def finish(self) -> Split:
+        """A partial tag left at the end is text of the part it was in."""
+        rest, self._pending = self._pending, ""
+        return Split(reasoning=rest) if self._thinking else Split(content=rest)
+
+
+class DeepSeekR1Reasoning(ThinkTags):
+    """DeepSeek-R1's ``<think>`` reasoning (vLLM's ``deepseek_r1``)."""
+
+
+class Qwen3Reasoning(ThinkTags):
+    """Qwen3's ``<think>`` reasoning (vLLM's ``qwen3``)."""
+
+    answer_starts = ("<tool_call>",)
+    drop_late_end = True
+
+
+class HarmonyReasoning:
+    """gpt-oss's ``analysis`` messages (vLLM's ``openai_gptoss``); the rest passes on as written."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+        self._body = ""  # "" reading a header, "reasoning" or "pass" in a body
+        self._reasoned = False
+
+    def push(self, text: str) -> Split:
+        self._pending += text
+        reasoning: list[str] = []
+        content: list[str] = []
+        while self._pending:
+            if not self._body:
+                at = self._pending.find(MESSAGE)
+                if at < 0:
+                    break
+                header = self._pending[: at + len(MESSAGE)]
+                self._pending = self._pending[len(header) :]
+                self._body = "reasoning" if classify(header)[0] == "reasoning" else "pass"
+                if self._body == "pass":
+                    content.append(header)
+                elif self._reasoned:
+                    reasoning.append("\n")  # vLLM joins the analysis messages with a newline
+                continue
+            out = reasoning if self._body == "reasoning" else content
+            at, tag = first_of(self._pending, ENDS)
+            if at < 0:
+                keep = partial_tail(self._pending, ENDS)
+                out.append(self._pending[: len(self._pending) - keep])
+                self._pending = self._pending[len(self._pending) - keep :]
+                break
+            out.append(self._pending[:at] if out is reasoning else self._pending[: at + len(tag)])
+            self._pending = self._pending[at + len(tag) :]
+            self._body = ""
+        self._reasoned = self._reasoned or any(reasoning)
+        return Split(reasoning="".join(reasoning), content="".join(content))
+
+    def finish(self) -> Split:
+        """An unfinished header or body is text of the part it was in."""
+        rest, self._pending = self._pending, ""
+        return Split(reasoning=rest) if self._body == "reasoning" else Split(content=rest)
