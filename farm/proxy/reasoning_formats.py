@@ -91,7 +91,8 @@ class HarmonyReasoning:
     def __init__(self) -> None:
         self._pending = ""
         self._body = ""  # "" reading a header, "reasoning" or "pass" in a body
-        self._reasoned = False
+        self._reasoned = False  # some reasoning was handed on
+        self._joint = False  # the next message's reasoning joins the last with a newline
 
     def push(self, text: str) -> Split:
         self._pending += text
@@ -107,23 +108,30 @@ class HarmonyReasoning:
                 self._body = "reasoning" if classify(header)[0] == "reasoning" else "pass"
                 if self._body == "pass":
                     content.append(header)
-                elif self._reasoned:
-                    reasoning.append("\n")  # vLLM joins the analysis messages with a newline
                 continue
-            out = reasoning if self._body == "reasoning" else content
             at, tag = first_of(self._pending, ENDS)
+            keep = partial_tail(self._pending, ENDS) if at < 0 else 0
+            body = self._pending[: len(self._pending) - keep] if at < 0 else self._pending[:at]
+            if self._body == "reasoning":
+                reasoning.append(self._reason(body))
+            else:
+                content.append(body + (tag if at >= 0 else ""))
             if at < 0:
-                keep = partial_tail(self._pending, ENDS)
-                out.append(self._pending[: len(self._pending) - keep])
-                self._pending = self._pending[len(self._pending) - keep :]
+                self._pending = self._pending[len(body) :]
                 break
-            out.append(self._pending[:at] if out is reasoning else self._pending[: at + len(tag)])
             self._pending = self._pending[at + len(tag) :]
             self._body = ""
-        self._reasoned = self._reasoned or any(reasoning)
+            self._joint = self._reasoned  # vLLM joins the analysis messages with a newline
         return Split(reasoning="".join(reasoning), content="".join(content))
+
+    def _reason(self, text: str) -> str:
+        if not text:
+            return ""
+        lead = "\n" if self._joint else ""
+        self._reasoned, self._joint = True, False
+        return lead + text
 
     def finish(self) -> Split:
         """An unfinished header or body is text of the part it was in."""
         rest, self._pending = self._pending, ""
-        return Split(reasoning=rest) if self._body == "reasoning" else Split(content=rest)
+        return Split(reasoning=self._reason(rest)) if self._body == "reasoning" else Split(content=rest)
