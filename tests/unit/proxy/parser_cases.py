@@ -150,8 +150,8 @@ QWEN3_CODER = [
         "<tool_call>\n<function=get_weather>\n<parameter=city>\nLima",
         TOOLS,
         vllm=(
-            [("get_weather", {"city": "Lima"})],
-            "vLLM credits a call the model never finished; the farm keeps it prose",
+            [("get_weather", {})],
+            "vLLM credits a call the model never finished (without the open parameter); the farm keeps it prose",
         ),
     ),
     ToolCase(
@@ -351,6 +351,10 @@ GLM45 = [
         [],
         "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Tokyo</arg_value>",
         TOOLS,
+        vllm=(
+            [("get_weather", {"city": "Tokyo"})],
+            "vLLM credits a call the model never finished; the farm keeps it prose",
+        ),
     ),
 ]
 
@@ -566,7 +570,30 @@ OPENAI = [
     ),
 ]
 
-TOOL_CASES = QWEN3_CODER + LLAMA3_JSON + DEEPSEEK_V31 + GLM45 + KIMI_K2 + MISTRAL + OPENAI
+# ---------------------------------------------------------------- hermes (the farm's first format)
+
+_H = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Tokyo"}}\n</tool_call>'
+HERMES = [
+    ToolCase("hermes", "single", _H, [("get_weather", {"city": "Tokyo"})], ""),
+    ToolCase(
+        "hermes",
+        "parallel, prose around",
+        "Checking. " + _H + "\n" + _H.replace("Tokyo", UNICODE_CITY) + " Done.",
+        [("get_weather", {"city": "Tokyo"}), ("get_weather", {"city": UNICODE_CITY})],
+        "Checking. \n Done.",
+    ),
+    ToolCase(
+        "hermes",
+        "nested json",
+        '<tool_call>{"name": "get_weather", "arguments": {"filter": {"a": [1, {"b": null, "c": "x}y"}], '
+        '"d": {"e": true}}}}</tool_call>',
+        [("get_weather", {"filter": NESTED})],
+        "",
+    ),
+    ToolCase("hermes", "malformed", "<tool_call>{not json}</tool_call>", [], "<tool_call>{not json}</tool_call>"),
+]
+
+TOOL_CASES = HERMES + QWEN3_CODER + LLAMA3_JSON + DEEPSEEK_V31 + GLM45 + KIMI_K2 + MISTRAL + OPENAI
 
 # ---------------------------------------------------------------- reasoning
 
