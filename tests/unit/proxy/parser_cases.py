@@ -35,6 +35,7 @@ class ReasoningCase:
     text: str
     reasoning: str
     content: str
+    #: (vLLM's reasoning, vLLM's content, why the farm differs).
     vllm: tuple[str, str, str] | None = field(default=None)
 
 
@@ -593,7 +594,103 @@ HERMES = [
     ToolCase("hermes", "malformed", "<tool_call>{not json}</tool_call>", [], "<tool_call>{not json}</tool_call>"),
 ]
 
-TOOL_CASES = HERMES + QWEN3_CODER + LLAMA3_JSON + DEEPSEEK_V31 + GLM45 + KIMI_K2 + MISTRAL + OPENAI
+# ---------------------------------------------------------------- edges, each format
+
+EDGES = [
+    ToolCase(
+        "qwen3_coder",
+        "partial tags in prose",
+        "a <tool b <function c [TOOL_CALLS] d <|x|> e",
+        [],
+        "a <tool b <function c [TOOL_CALLS] d <|x|> e",
+    ),
+    ToolCase("qwen3_coder", "no parameters", _qc("list_files"), [("list_files", {})], "", TOOLS),
+    ToolCase(
+        "qwen3_coder",
+        "parameter left open",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+        [("get_weather", {"city": "A", "days": 2})],
+        "",
+        TOOLS,
+    ),
+    ToolCase(
+        "qwen3_coder",
+        "one newline each side is markup",
+        _qc("get_weather", city="\n  spaced  \n"),
+        [("get_weather", {"city": "\n  spaced  \n"})],
+        "",
+        TOOLS,
+    ),
+    ToolCase(
+        "glm45",
+        "spaces kept in values",
+        "<tool_call> get_weather \n<arg_key> city </arg_key>\n<arg_value> x y </arg_value>\n</tool_call>",
+        [("get_weather", {"city": " x y "})],
+        "",
+        TOOLS,
+    ),
+    ToolCase(
+        "llama3_json",
+        "arguments not an object",
+        '{"name": "get_weather", "parameters": "Tokyo"}',
+        [],
+        '{"name": "get_weather", "parameters": "Tokyo"}',
+        vllm=([("get_weather", "Tokyo")], "vLLM passes arguments that are not an object on; the farm keeps them prose"),
+    ),
+    ToolCase(
+        "llama3_json",
+        "whitespace around",
+        '  \n{"name": "list_files", "parameters": {}}\n',
+        [("list_files", {})],
+        "  \n\n",
+    ),
+    ToolCase(
+        "kimi_k2",
+        "newlines in the section",
+        KS_OPEN + "\n" + _kimi("functions.list_files:0", "{}") + "\n" + KS_CLOSE,
+        [("list_files", {})],
+        "",
+        TOOLS,
+    ),
+    ToolCase(
+        "kimi_k2", "unclosed section", KS_OPEN + _kimi("functions.list_files:0", "{}"), [("list_files", {})], "", TOOLS
+    ),
+    ToolCase(
+        "mistral",
+        "v11 text after the call",
+        "[TOOL_CALLS]list_files[ARGS]{} then text",
+        [("list_files", {})],
+        " then text",
+        mistral_v11=True,
+    ),
+    ToolCase(
+        "mistral",
+        "list dialect, one object",
+        '[TOOL_CALLS]{"name": "get_weather", "arguments": {"days": 1}}',
+        [("get_weather", {"days": 1})],
+        "",
+    ),
+    ToolCase(
+        "deepseek_v31",
+        "text after the section",
+        DS_OPEN + _ds("list_files", "{}") + DS_CLOSE + " after",
+        [("list_files", {})],
+        " after",
+    ),
+    ToolCase("openai", "final never ended", "<|channel|>final<|message|>partial answer", [], "partial answer"),
+    ToolCase(
+        "openai",
+        "two calls",
+        _AN
+        + _CALL
+        + "<|start|>assistant"
+        + _CALL.replace("get_weather", "list_files").replace('{"city": "Tokyo"}', "{}"),
+        [("get_weather", {"city": "Tokyo"}), ("list_files", {})],
+        "",
+    ),
+]
+
+TOOL_CASES = HERMES + QWEN3_CODER + LLAMA3_JSON + DEEPSEEK_V31 + GLM45 + KIMI_K2 + MISTRAL + OPENAI + EDGES
 
 # ---------------------------------------------------------------- reasoning
 
@@ -607,6 +704,28 @@ REASONING_CASES = [
     ReasoningCase("deepseek_r1", "empty reasoning", "</think>Four.", "", "Four."),
     ReasoningCase("deepseek_r1", "unicode", "Réfléchissons 🤔</think>答案是四", "Réfléchissons 🤔", "答案是四"),
     ReasoningCase("deepseek_r1", "second end tag is content", "a</think>b</think>c", "a", "b</think>c"),
+    ReasoningCase(
+        "deepseek_r1",
+        "text before the think",
+        "x<think>y</think>z",
+        "xy",
+        "z",
+        vllm=("y", "z", "vLLM drops what comes before <think>; the farm has streamed it as reasoning already"),
+    ),
+    ReasoningCase("deepseek_r1", "nothing after the end tag", "<think>y</think>", "y", ""),
+    ReasoningCase("qwen3", "text before the think", "x<think>y</think>z", "xy", "z"),
+    ReasoningCase("qwen3", "only whitespace after", "y</think>\n\n", "y", "\n\n"),
+    ReasoningCase("qwen3", "never closed", "<think>\nabc", "\nabc", ""),
+    ReasoningCase(
+        "openai_gptoss", "analysis never ended", "<|channel|>analysis<|message|>unfinished", "unfinished", ""
+    ),
+    ReasoningCase(
+        "openai_gptoss",
+        "final never ended",
+        "<|channel|>analysis<|message|>t<|end|><|start|>assistant<|channel|>final<|message|>unfinished answer",
+        "t",
+        "unfinished answer",
+    ),
     ReasoningCase("qwen3", "think tags", "<think>\nHmm.\n</think>\n\nFour.", "\nHmm.\n", "\n\nFour."),
     ReasoningCase("qwen3", "prompt opened the think", "Hmm.</think>Four.", "Hmm.", "Four."),
     ReasoningCase("qwen3", "no tags", "Just an answer.", "Just an answer.", ""),
