@@ -15,7 +15,13 @@ from typing import TypeVar
 from farm.errors import ConfigError
 from farm.proxy.events import TrialContext
 from farm.proxy.reasoning import NoReasoning, ReasoningParser
-from farm.proxy.reasoning_formats import DeepSeekR1Reasoning, HarmonyReasoning, Qwen3Reasoning
+from farm.proxy.reasoning_formats import (
+    DeepSeekR1Reasoning,
+    Glm45Reasoning,
+    HarmonyReasoning,
+    KimiK2Reasoning,
+    Qwen3Reasoning,
+)
 from farm.proxy.toolparse import NoToolCalls, ToolCallParser
 from farm.proxy.toolparse.deepseek_v31 import DeepSeekV31Parser
 from farm.proxy.toolparse.glm45 import Glm45Parser
@@ -40,6 +46,8 @@ TOOL_CALL_PARSERS["openai"] = HarmonyParser
 REASONING_PARSERS["deepseek_r1"] = DeepSeekR1Reasoning
 REASONING_PARSERS["qwen3"] = Qwen3Reasoning
 REASONING_PARSERS["openai_gptoss"] = HarmonyReasoning
+REASONING_PARSERS["glm45"] = Glm45Reasoning
+REASONING_PARSERS["kimi_k2"] = KimiK2Reasoning
 P = TypeVar("P")
 
 

@@ -6,6 +6,9 @@
 - ``qwen3``: Qwen3 and QwQ. The same tags, read as vLLM's Qwen3 parser does: the answer starts in
   the reasoning (the thinking template may put ``<think>`` in the prompt, or the model writes it),
   a ``<tool_call>`` also ends it (the call is the answer's), a second ``</think>`` is dropped.
+- ``glm45``, ``kimi_k2``: the same tags as those families' vLLM parsers read them (their call
+  blocks end the reasoning; GLM may open a second ``<think>`` in its answer; the reasoning's
+  trailing whitespace is dropped).
 - ``openai_gptoss``: gpt-oss. Harmony's ``analysis`` messages are the reasoning; the other
   messages are handed on as written, for the ``openai`` tool-call parser to read.
 
@@ -23,59 +26,78 @@ END_THINK = "</think>"
 
 
 class ThinkTags:
-    """``<think>...</think>`` reasoning at the start of the answer (a ``ReasoningParser``)."""
+    """``<think>...</think>`` reasoning at the start of the answer (a ``ReasoningParser``).
+
+    ``thinking`` False (the request's ``chat_template_kwargs`` turned thinking off, for the families
+    whose vLLM parser reads that switch): the whole answer is content.
+    """
 
     #: tags that end the reasoning and belong to the answer.
     answer_starts: tuple[str, ...] = ()
     #: drop a ``</think>`` written after the reasoning ended.
     drop_late_end = False
+    #: a ``<think>`` written in the answer opens reasoning again (GLM).
+    reopens = False
+    #: the reasoning's trailing whitespace is not reasoning (held until more reasoning follows).
+    strip_trailing = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, thinking: bool = True) -> None:
         self._pending = ""
-        self._thinking = True
+        self._thinking = thinking
+        self._held = ""  # trailing whitespace of the reasoning so far
+        self._off = not thinking
 
     def push(self, text: str) -> Split:
         self._pending += text
         reasoning: list[str] = []
         content: list[str] = []
         while self._pending:
-            if not self._thinking:
-                if not self.drop_late_end:
-                    content.append(self._pending)
-                    self._pending = ""
-                    break
-                at = self._pending.find(END_THINK)
-                if at >= 0:
-                    content.append(self._pending[:at])
-                    self._pending = self._pending[at + len(END_THINK) :]
-                    continue
-                keep = partial_tail(self._pending, [END_THINK])
-                content.append(self._pending[: len(self._pending) - keep])
-                self._pending = self._pending[len(self._pending) - keep :]
-                break
-            tags = [THINK, END_THINK, *self.answer_starts]
+            tags = self._tags()
             at, tag = first_of(self._pending, tags)
+            end = at if at >= 0 else len(self._pending) - partial_tail(self._pending, tags)
+            if self._thinking:
+                reasoning.append(self._reason(self._pending[:end]))
+            else:
+                content.append(self._pending[:end])
+            self._pending = self._pending[end:]
             if at < 0:
-                keep = partial_tail(self._pending, tags)
-                reasoning.append(self._pending[: len(self._pending) - keep])
-                self._pending = self._pending[len(self._pending) - keep :]
                 break
-            reasoning.append(self._pending[:at])
-            if tag == THINK:
-                self._pending = self._pending[at + len(THINK) :]
+            if tag not in (THINK, END_THINK):  # an answer's tag: reasoning ends, the tag is the answer's
+                self._thinking = False
                 continue
-            self._thinking = False
-            self._pending = self._pending[at + (len(tag) if tag == END_THINK else 0) :]
+            self._pending = self._pending[len(tag) :]
+            if self._thinking and tag == END_THINK:
+                self._thinking = False
+            elif not self._thinking and tag == THINK:
+                self._thinking = True
         return Split(reasoning="".join(reasoning), content="".join(content))
 
     def finish(self) -> Split:
         """A partial tag left at the end is text of the part it was in."""
-        rest, self._pending = self._pending, ""
-        return Split(reasoning=rest) if self._thinking else Split(content=rest)
+        rest, self._pending, self._held = self._pending, "", ""
+        return Split(reasoning=self._reason(rest)) if self._thinking else Split(content=rest)
+
+    def _tags(self) -> list[str]:
+        if self._off:
+            return []
+        if self._thinking:
+            return [THINK, END_THINK, *self.answer_starts]
+        return [END_THINK] * self.drop_late_end + [THINK] * self.reopens
+
+    def _reason(self, text: str) -> str:
+        if not self.strip_trailing:
+            return text
+        text = self._held + text
+        body = text.rstrip()
+        self._held = text[len(body) :]
+        return body
 
 
 class DeepSeekR1Reasoning(ThinkTags):
     """DeepSeek-R1's ``<think>`` reasoning (vLLM's ``deepseek_r1``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
 
 
 class Qwen3Reasoning(ThinkTags):
@@ -83,6 +105,23 @@ class Qwen3Reasoning(ThinkTags):
 
     answer_starts = ("<tool_call>",)
     drop_late_end = True
+
+
+class Glm45Reasoning(ThinkTags):
+    """GLM-4.5/4.6/4.7's ``<think>`` reasoning (vLLM's ``glm45``): it may think again mid-answer."""
+
+    answer_starts = ("<tool_call>",)
+    drop_late_end = True
+    reopens = True
+    strip_trailing = True
+
+
+class KimiK2Reasoning(ThinkTags):
+    """Kimi K2's ``<think>`` reasoning (vLLM's ``kimi_k2``): its call section ends the reasoning."""
+
+    answer_starts = ("<|tool_calls_section_begin|>",)
+    drop_late_end = True
+    strip_trailing = True
 
 
 class HarmonyReasoning:

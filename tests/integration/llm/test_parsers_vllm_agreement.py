@@ -44,10 +44,12 @@ def test_parsers_agree_with_vllms_on_every_case(tiny_model_dir: Path) -> None:
         {"kind": "tool", "parser": c.parser, "text": c.text, "tools": c.tools, "mistral_v11": c.mistral_v11}
         for c in TOOL_CASES
     ]
-    reasoning_jobs = [{"kind": "reasoning", "parser": c.parser, "text": c.text} for c in REASONING_CASES]
+    reasoning_jobs = [
+        {"kind": "reasoning", "parser": c.parser, "text": c.text, "thinking": c.thinking} for c in REASONING_CASES
+    ]
     results = run_probe(tiny_model_dir, tool_jobs + reasoning_jobs)
 
-    tally: Counter[tuple[str, str]] = Counter()
+    tally: Counter[tuple[str, str, str]] = Counter()
     unexpected: list[str] = []
     for case, got in zip(TOOL_CASES, results[: len(TOOL_CASES)], strict=True):
         farm = [list(call) for call in calls_and_prose(parse(case, [case.text]))[0]]
@@ -57,7 +59,7 @@ def test_parsers_agree_with_vllms_on_every_case(tiny_model_dir: Path) -> None:
         if vllm != expected:
             unexpected.append(f"{case.parser}:{case.name}: farm {farm}, vLLM {vllm}")
             outcome = "DISAGREE"
-        tally[(case.parser, outcome)] += 1
+        tally[("tool calls", case.parser, outcome)] += 1
     for case, got in zip(REASONING_CASES, results[len(TOOL_CASES) :], strict=True):
         reasoning, content = split(case, [case.text])
         farm_split = {"reasoning": reasoning, "content": answer_text(case, content)}
@@ -66,9 +68,9 @@ def test_parsers_agree_with_vllms_on_every_case(tiny_model_dir: Path) -> None:
         if got != expected_split:
             outcome = "DISAGREE"
             unexpected.append(f"{case.parser}:{case.name}: farm {farm_split}, vLLM {got}")
-        tally[(case.parser, outcome)] += 1
+        tally[("reasoning", case.parser, outcome)] += 1
 
     print("\nparser agreement with vLLM (cases per format and outcome):")
-    for (parser, outcome), count in sorted(tally.items()):
-        print(f"  {parser:14s} {outcome:22s} {count}")
+    for (kind, parser, outcome), count in sorted(tally.items()):
+        print(f"  {kind:10s} {parser:14s} {outcome:22s} {count}")
     assert not unexpected, "\n".join(unexpected)

@@ -1,7 +1,8 @@
 """Run inside vLLM's virtual environment: feed model outputs to vLLM's own parsers, print what they find.
 
 Reads ``{"tokenizer_dir": ..., "cases": [...]}`` as JSON on stdin; each case is ``{"kind": "tool" |
-"reasoning", "parser": NAME, "text": ..., "tools": [...] | null}``. Writes one JSON list: per case
+"reasoning", "parser": NAME, "text": ..., "tools": [...] | null}`` (tool cases may say
+``"mistral_v11": true``, reasoning cases ``"thinking": false``). Writes one JSON list: per case
 ``{"calls": [{"name", "arguments"}]}`` (arguments parsed as JSON where they are JSON) or
 ``{"reasoning", "content"}``, or ``{"error": ...}``. Used by ``test_parsers_vllm_agreement.py``; it
 imports nothing from the farm (vLLM's environment does not have it).
@@ -97,7 +98,9 @@ def _reasoning_case(case: dict, tokenizers: dict[str, object]) -> dict:
 
     if case["parser"] == "openai_gptoss":
         return _harmony_case(case, tokenizers["plain"])
-    parser = ReasoningParserManager.get_reasoning_parser(case["parser"])(tokenizers["plain"])
+    switch = {} if case.get("thinking", True) else {"enable_thinking": False, "thinking": False}
+    make = ReasoningParserManager.get_reasoning_parser(case["parser"])
+    parser = make(tokenizers["plain"], chat_template_kwargs=switch) if switch else make(tokenizers["plain"])
     reasoning, content = parser.extract_reasoning(case["text"], _request(None))
     return {"reasoning": reasoning or "", "content": content or ""}
 

@@ -35,6 +35,8 @@ class ReasoningCase:
     text: str
     reasoning: str
     content: str
+    #: False: the request turned thinking off (``chat_template_kwargs``).
+    thinking: bool = True
     #: (vLLM's reasoning, vLLM's content, why the farm differs).
     vllm: tuple[str, str, str] | None = field(default=None)
 
@@ -726,6 +728,31 @@ REASONING_CASES = [
         "t",
         "unfinished answer",
     ),
+    ReasoningCase(
+        "qwen3", "thinking off", "<think>\n\n</think>\n\nFour.", "", "<think>\n\n</think>\n\nFour.", thinking=False
+    ),
+    ReasoningCase("glm45", "think tags", "<think>Hmm. \n</think>Four.", "Hmm.", "Four."),
+    ReasoningCase("glm45", "no tags", "Just thinking \n", "Just thinking", ""),
+    ReasoningCase("glm45", "thinks again", "<think>a</think>b<think>c \n</think>d</think>e", "ac", "bde"),
+    ReasoningCase(
+        "glm45",
+        "tool call ends reasoning",
+        "<think>Need files.\n<tool_call>list_files</tool_call>",
+        "Need files.",
+        "<tool_call>list_files</tool_call>",
+    ),
+    ReasoningCase("glm45", "thinking off", "<think>a</think>b", "", "<think>a</think>b", thinking=False),
+    ReasoningCase("kimi_k2", "think tags", "<think>Hmm. </think>Four.", "Hmm.", "Four."),
+    ReasoningCase("kimi_k2", "no tags", "Just thinking", "Just thinking", ""),
+    ReasoningCase(
+        "kimi_k2",
+        "call section ends reasoning",
+        "<think>Need files. " + KS_OPEN + _kimi("functions.list_files:0", "{}") + KS_CLOSE,
+        "Need files.",
+        KS_OPEN + _kimi("functions.list_files:0", "{}") + KS_CLOSE,
+    ),
+    ReasoningCase("kimi_k2", "second end tag dropped", "a</think>b</think>c", "a", "bc"),
+    ReasoningCase("kimi_k2", "thinking off", "<think>a</think>b", "", "<think>a</think>b", thinking=False),
     ReasoningCase("qwen3", "think tags", "<think>\nHmm.\n</think>\n\nFour.", "\nHmm.\n", "\n\nFour."),
     ReasoningCase("qwen3", "prompt opened the think", "Hmm.</think>Four.", "Hmm.", "Four."),
     ReasoningCase("qwen3", "no tags", "Just an answer.", "Just an answer.", ""),

@@ -12,7 +12,8 @@ from tests.unit.proxy.test_toolparse_formats import chunkings
 
 
 def split(case: ReasoningCase, chunks: list[str]) -> tuple[str, str]:
-    parser = REASONING_PARSERS[case.parser]()
+    make = REASONING_PARSERS[case.parser]
+    parser = make() if case.thinking else make(thinking=False)  # type: ignore[call-arg]
     parts: list[Split] = [parser.push(chunk) for chunk in chunks] + [parser.finish()]
     return "".join(p.reasoning for p in parts), "".join(p.content for p in parts)
 
@@ -43,11 +44,17 @@ def test_reasoning_streamed_in_any_chunking_splits_the_same(case: ReasoningCase)
         assert split(case, chunks) == whole, chunks
 
 
-@pytest.mark.parametrize("name", ["deepseek_r1", "qwen3"])
+@pytest.mark.parametrize("name", ["deepseek_r1", "qwen3", "glm45", "kimi_k2"])
 def test_reasoning_is_handed_on_as_it_comes(name: str) -> None:
     parser = REASONING_PARSERS[name]()
     assert parser.push("Let me think</th") == Split(reasoning="Let me think")
     assert parser.push("ink>Four") == Split(content="Four")
+
+
+def test_reasoning_trailing_whitespace_waits_to_see_whether_more_reasoning_follows() -> None:
+    parser = REASONING_PARSERS["glm45"]()
+    assert parser.push("a \n") == Split(reasoning="a")
+    assert parser.push("b</think>c \n") == Split(reasoning=" \nb", content="c \n")
 
 
 def test_reasoning_of_gpt_oss_is_handed_on_as_it_comes() -> None:
