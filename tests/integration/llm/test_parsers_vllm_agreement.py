@@ -3,7 +3,7 @@
 Opt-in (``--run-vllm``; build the environment with ``scripts/setup_vllm.sh``): vLLM's own parsers run
 in vLLM's environment (``vllm_parsers_probe.py``) on the same texts, with the farm's tiny tokenizer
 given every format's special tokens. Calls are compared by name and arguments (as parsed JSON),
-reasoning and answer text as strings. A case where the farm reads the text otherwise on purpose
+reasoning and answer text as strings. The sampled answers (``parser_samples``) are checked too. A case where the farm reads the text otherwise on purpose
 says so (``ToolCase.vllm``) and must differ in exactly that way.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.proxy.parser_cases import REASONING_CASES, TOOL_CASES
+from tests.unit.proxy.parser_samples import SAMPLES
 from tests.unit.proxy.test_reasoning_formats import answer_text, split
 from tests.unit.proxy.test_toolparse_formats import calls_and_prose, parse
 
@@ -42,16 +43,17 @@ def run_probe(tokenizer_dir: Path, cases: list[dict]) -> list[dict]:
 def test_parsers_agree_with_vllms_on_every_case(tiny_model_dir: Path) -> None:
     tool_jobs = [
         {"kind": "tool", "parser": c.parser, "text": c.text, "tools": c.tools, "mistral_v11": c.mistral_v11}
-        for c in TOOL_CASES
+        for c in TOOL_CASES + SAMPLES
     ]
     reasoning_jobs = [
         {"kind": "reasoning", "parser": c.parser, "text": c.text, "thinking": c.thinking} for c in REASONING_CASES
     ]
     results = run_probe(tiny_model_dir, tool_jobs + reasoning_jobs)
+    tool_results, reasoning_results = results[: len(tool_jobs)], results[len(tool_jobs) :]
 
     tally: Counter[tuple[str, str, str]] = Counter()
     unexpected: list[str] = []
-    for case, got in zip(TOOL_CASES, results[: len(TOOL_CASES)], strict=True):
+    for case, got in zip(TOOL_CASES + SAMPLES, tool_results, strict=True):
         farm = [list(call) for call in calls_and_prose(parse(case, [case.text]))[0]]
         vllm = [[c["name"], c["arguments"]] for c in got.get("calls", [])] if "error" not in got else got
         expected = [list(call) for call in case.vllm[0]] if case.vllm else farm
@@ -59,8 +61,9 @@ def test_parsers_agree_with_vllms_on_every_case(tiny_model_dir: Path) -> None:
         if vllm != expected:
             unexpected.append(f"{case.parser}:{case.name}: farm {farm}, vLLM {vllm}")
             outcome = "DISAGREE"
-        tally[("tool calls", case.parser, outcome)] += 1
-    for case, got in zip(REASONING_CASES, results[len(TOOL_CASES) :], strict=True):
+        kind = "sampled" if case.name.startswith("sample") else "tool calls"
+        tally[(kind, case.parser, outcome)] += 1
+    for case, got in zip(REASONING_CASES, reasoning_results, strict=True):
         reasoning, content = split(case, [case.text])
         farm_split = {"reasoning": reasoning, "content": answer_text(case, content)}
         expected_split = {"reasoning": case.vllm[0], "content": case.vllm[1]} if case.vllm else farm_split

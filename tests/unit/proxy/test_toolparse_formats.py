@@ -17,6 +17,7 @@ from farm.proxy.parsers import TOOL_CALL_PARSERS
 from farm.proxy.toolparse import CallPiece, Piece, TextPiece, ToolCallParser
 from farm.proxy.toolparse.scan import SchemaTypes, merge
 from tests.unit.proxy.parser_cases import TOOL_CASES, ToolCase
+from tests.unit.proxy.parser_samples import SAMPLES
 
 RANDOM_CHUNKINGS = 20
 
@@ -114,3 +115,17 @@ def test_schema_types_follow_vllms_order_of_types() -> None:
     ]
     typed = SchemaTypes(tools).apply("f", {"n": "7", "s": 7, "b": "0", "e": "2", "x": "null", "inf": "inf", "k": "1"})
     assert typed == {"n": 7, "s": "7", "b": False, "e": 2, "x": None, "inf": "inf", "k": "1"}
+
+
+@pytest.mark.parametrize("case", SAMPLES, ids=case_id)
+def test_toolparse_reads_sampled_answers_whole_and_streamed(case: ToolCase) -> None:
+    whole = parse(case, [case.text])
+    assert calls_and_prose(whole) == (case.calls, case.prose)
+    rng = random.Random(case.name)
+    for _ in range(5):
+        chunks, at = [], 0
+        while at < len(case.text):
+            step = rng.randint(1, 3)
+            chunks.append(case.text[at : at + step])
+            at += step
+        assert parse(case, chunks) == whole, chunks
