@@ -3,8 +3,9 @@
 Opt-in (``--run-vllm``; build the environment with ``scripts/setup_vllm.sh``): vLLM's own parsers run
 in vLLM's environment (``vllm_parsers_probe.py``) on the same texts, with the farm's tiny tokenizer
 given every format's special tokens. Calls are compared by name and arguments (as parsed JSON),
-reasoning and answer text as strings. The sampled answers (``parser_samples``) are checked too. A case where the farm reads the text otherwise on purpose
-says so (``ToolCase.vllm``) and must differ in exactly that way.
+reasoning and answer text as strings; the sampled answers (``parser_samples``) too. A case where
+the farm reads the text otherwise (on purpose, or where vLLM has a bug) says so (``ToolCase.vllm``)
+and must differ in exactly that way. Run with ``-s`` to see the tally per format.
 """
 
 from __future__ import annotations
