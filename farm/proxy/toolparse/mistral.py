@@ -60,19 +60,20 @@ class MistralParser:
     def _read_call(self, text: str) -> tuple[list[Piece], int] | None:
         """The calls at the start of ``text`` and how much of it they use; None: not complete yet."""
         lead = len(text) - len(text.lstrip())
-        if lead == len(text):
+        if lead == len(text) or TOOL_CALLS.startswith(text[lead:]):
             return None
+        if text.startswith(TOOL_CALLS, lead):
+            return [], lead  # a marker with no call after it is prose; the next one is read anew
         if text[lead] in "[{":  # the JSON-list dialect
             end = json_end(text, lead)
             if end is None:
                 return None
             return _listed(text[lead:end]), end
         # The name runs up to [ARGS] (or [CALL_ID], or straight into the arguments' brace).
-        brace = text.find("{")
-        marker = text.find(ARGS)
-        if marker < 0 and brace < 0:
-            return ([], len(text)) if TOOL_CALLS in text else None
-        name_end = min(at for at in (brace, marker, text.find(CALL_ID)) if at >= 0)
+        ends = [at for at in (text.find("{"), text.find(ARGS), text.find(CALL_ID), text.find(TOOL_CALLS)) if at >= 0]
+        if not ends:
+            return None
+        name_end = min(ends)
         name = text[:name_end].strip()
         start = text.find("{", name_end)
         if start < 0:
@@ -87,7 +88,7 @@ class MistralParser:
             arguments = json.loads(text[start:end])
         except ValueError:
             return [], end
-        if not name or not isinstance(arguments, dict) or not self._types.known(name):
+        if not name or not isinstance(arguments, dict):
             return [], end
         return [CallPiece(name=name, arguments=dumps(self._types.apply(name, arguments)))], end
 
