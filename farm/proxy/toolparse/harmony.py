@@ -35,8 +35,6 @@ class Part:
     text: str = ""
     #: for a call: the function's name; the body arrives whole (``text``) once the call ends.
     name: str = ""
-    #: the message ended (a terminator or the end of the answer).
-    done: bool = False
 
 
 class HarmonyMessages:
@@ -75,7 +73,7 @@ class HarmonyMessages:
         return parts
 
     def finish(self) -> list[Part]:
-        """The last message ends with the answer; a header never finished is dropped as markup."""
+        """The last message ends with the answer. Text never given a header is dropped, as vLLM drops it."""
         rest, self._pending = self._pending, ""
         parts = self._body(rest, done=True) if self._kind else []
         self._kind = ""
@@ -83,14 +81,14 @@ class HarmonyMessages:
 
     def _body(self, text: str, *, done: bool) -> list[Part]:
         if self._kind == "call":
-            return [Part("call", text, self._name, done=True)]
+            return [Part("call", text, self._name)]
         if not text and not done:
             return []
         lead = "\n" if not self._started and self._kind in self._seen and text else ""
         if text:
             self._started = True
             self._seen.add(self._kind)
-        return [Part(self._kind, lead + text, done=done)]
+        return [Part(self._kind, lead + text)]
 
 
 def classify(header: str) -> tuple[str, str]:
