@@ -11,7 +11,7 @@ import json
 import re
 
 from farm.proxy.toolparse import Piece
-from farm.proxy.toolparse.scan import TaggedBlocks
+from farm.proxy.toolparse.scan import TaggedBlocks, unfinished
 
 SECTION_OPEN = "<｜tool▁calls▁begin｜>"
 SECTION_CLOSE = "<｜tool▁calls▁end｜>"
@@ -25,7 +25,10 @@ class DeepSeekV31Parser(TaggedBlocks):
 
     def _parse(self, tag: str, body: str, closed: bool) -> list[Piece] | None:
         calls: list[Piece] = []
-        for name, args in _CALL.findall(body):
+        end = 0
+        for match in _CALL.finditer(body):
+            name, args = match.groups()
+            end = match.end()
             try:
                 arguments = json.loads(args)
             except ValueError:
@@ -33,4 +36,4 @@ class DeepSeekV31Parser(TaggedBlocks):
             if not name or not isinstance(arguments, dict):
                 return None
             calls.append(self._call(name, arguments, typed=False))
-        return calls or None
+        return unfinished(calls, body, closed, end)

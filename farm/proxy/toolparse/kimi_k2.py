@@ -12,7 +12,7 @@ import json
 import re
 
 from farm.proxy.toolparse import Piece
-from farm.proxy.toolparse.scan import TaggedBlocks
+from farm.proxy.toolparse.scan import TaggedBlocks, unfinished
 
 SECTION_OPEN = "<|tool_calls_section_begin|>"
 SECTION_CLOSE = "<|tool_calls_section_end|>"
@@ -27,7 +27,10 @@ class KimiK2Parser(TaggedBlocks):
 
     def _parse(self, tag: str, body: str, closed: bool) -> list[Piece] | None:
         calls: list[Piece] = []
-        for header, args in _CALL.findall(body):
+        end = 0
+        for call in _CALL.finditer(body):
+            header, args = call.groups()
+            end = call.end()
             match = _HEADER.match(header.strip())
             try:
                 arguments = json.loads(args) if args.strip() else {}
@@ -39,4 +42,4 @@ class KimiK2Parser(TaggedBlocks):
             if not name:
                 return None
             calls.append(self._call(name, arguments))
-        return calls or None
+        return unfinished(calls, body, closed, end)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from farm.proxy.toolparse import Piece
-from farm.proxy.toolparse.scan import TaggedBlocks
+from farm.proxy.toolparse.scan import TaggedBlocks, unfinished
 
 _FUNCTION = re.compile(r"<function=([^>]*)>(.*?)</function>", re.DOTALL)
 # A parameter ends at its closing tag or where the next one opens (models drop the closing tag).
@@ -28,13 +28,15 @@ class Qwen3CoderParser(TaggedBlocks):
         if tag == "<function=":
             body = f"<function={body}</function>" if closed else ""
         calls: list[Piece] = []
+        end = 0
         for match in _FUNCTION.finditer(body):
             name = match.group(1).strip()
             if not name:
                 return None
             arguments = {key: _unwrap(value) for key, value in _PARAMETER.findall(match.group(2))}
             calls.append(self._call(name, arguments))
-        return calls or None
+            end = match.end()
+        return unfinished(calls, body, closed, end)
 
 
 def _unwrap(value: str) -> str:

@@ -87,6 +87,14 @@ def dumps(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def unfinished(calls: list[Piece], body: str, closed: bool, end: int) -> list[Piece] | None:
+    """A block's calls; in a block the answer left open, what follows the last whole call is prose."""
+    if not calls:
+        return None
+    tail = body[end:]
+    return calls if closed or not tail.strip() else [*calls, TextPiece(tail)]
+
+
 class TaggedBlocks:
     """Prose with call blocks between an opening and a closing tag (a ``ToolCallParser``).
 

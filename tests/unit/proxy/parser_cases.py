@@ -741,6 +741,39 @@ EDGES = [
         "",
     ),
     ToolCase("openai", "no harmony at all", "just plain text", [], ""),
+    ToolCase(
+        "deepseek_v31",
+        "unclosed section, second call cut off",
+        DS_OPEN + _ds("list_files", "{}") + "<｜tool▁call▁begin｜>run<｜tool▁sep｜>{",
+        [("list_files", {})],
+        "<｜tool▁call▁begin｜>run<｜tool▁sep｜>{",
+    ),
+    ToolCase(
+        "kimi_k2",
+        "unclosed section, second call cut off",
+        KS_OPEN
+        + _kimi("functions.list_files:0", "{}")
+        + "<|tool_call_begin|>functions.run:1<|tool_call_argument_begin|>{",
+        [("list_files", {})],
+        "<|tool_call_begin|>functions.run:1<|tool_call_argument_begin|>{",
+        TOOLS,
+        vllm=(
+            [("list_files", {}), ("run", {"<unparsed>": "{"})],
+            "vLLM credits a call the model never finished; the farm keeps it prose",
+        ),
+    ),
+    ToolCase(
+        "qwen3_coder",
+        "unclosed tool_call, second function cut off",
+        "<tool_call>\n<function=list_files>\n</function>\n<function=run>\n<parameter=x>\n1",
+        [("list_files", {})],
+        "\n<function=run>\n<parameter=x>\n1",
+        TOOLS,
+        vllm=(
+            [("list_files", {}), ("run", {})],
+            "vLLM credits a call the model never finished (without the open parameter); the farm keeps it prose",
+        ),
+    ),
     ToolCase("openai", "final never ended", "<|channel|>final<|message|>partial answer", [], "partial answer"),
     ToolCase(
         "openai",
