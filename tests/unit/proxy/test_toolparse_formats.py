@@ -129,3 +129,16 @@ def test_toolparse_reads_sampled_answers_whole_and_streamed(case: ToolCase) -> N
             chunks.append(case.text[at : at + step])
             at += step
         assert parse(case, chunks) == whole, chunks
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [
+        {"type": "function", "function": {"name": "f", "parameters": {"properties": {"n": {"type": "integer"}}}}},
+        {"type": "function", "name": "f", "parameters": {"properties": {"n": {"type": "integer"}}}},
+        {"name": "f", "input_schema": {"properties": {"n": {"type": "integer"}}}},
+    ],
+    ids=["chat", "responses", "anthropic"],
+)
+def test_schema_types_read_the_tools_of_every_wire_format(tool: dict) -> None:
+    assert SchemaTypes([tool]).apply("f", {"n": "3"}) == {"n": 3}
