@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.proxy.parser_cases import REASONING_CASES, TOOL_CASES
+from tests.unit.proxy.parser_cases import TOOL_CASES
 from tests.unit.proxy.parser_samples import SAMPLES
+from tests.unit.proxy.reasoning_cases import REASONING_CASES
 from tests.unit.proxy.test_reasoning_formats import answer_text, split
 from tests.unit.proxy.test_toolparse_formats import calls_and_prose, parse
 

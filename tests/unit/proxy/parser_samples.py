@@ -11,7 +11,7 @@ import json
 import random
 from typing import Any
 
-from tests.unit.proxy.parser_cases import DS_CLOSE, DS_OPEN, KS_CLOSE, KS_OPEN, ToolCase
+from tests.unit.proxy.parser_case_kit import DS_CLOSE, DS_OPEN, KS_CLOSE, KS_OPEN, ToolCase
 
 SAMPLES_PER_FORMAT = 40
 #: a rendered answer: text, its prose, Mistral's v11 dialect?, and vLLM's calls where it reads them otherwise.

@@ -7,7 +7,8 @@ import pytest
 from farm.proxy.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from farm.proxy.reasoning import Split
 from farm.proxy.toolparse import TextPiece
-from tests.unit.proxy.parser_cases import REASONING_CASES, ReasoningCase
+from tests.unit.proxy.parser_case_kit import ReasoningCase
+from tests.unit.proxy.reasoning_cases import REASONING_CASES
 from tests.unit.proxy.test_toolparse_formats import chunkings
 
 

@@ -16,7 +16,8 @@ import pytest
 from farm.proxy.parsers import TOOL_CALL_PARSERS
 from farm.proxy.toolparse import CallPiece, Piece, TextPiece, ToolCallParser
 from farm.proxy.toolparse.scan import SchemaTypes, merge
-from tests.unit.proxy.parser_cases import TOOL_CASES, ToolCase
+from tests.unit.proxy.parser_case_kit import ToolCase
+from tests.unit.proxy.parser_cases import TOOL_CASES
 from tests.unit.proxy.parser_samples import SAMPLES
 
 RANDOM_CHUNKINGS = 20
