@@ -93,21 +93,21 @@ class ThinkTags:
         return body
 
 
-class DeepSeekR1Reasoning(ThinkTags):
+class DeepSeekR1ReasoningParser(ThinkTags):
     """DeepSeek-R1's ``<think>`` reasoning (vLLM's ``deepseek_r1``)."""
 
     def __init__(self) -> None:
         super().__init__()
 
 
-class Qwen3Reasoning(ThinkTags):
+class Qwen3ReasoningParser(ThinkTags):
     """Qwen3's ``<think>`` reasoning (vLLM's ``qwen3``)."""
 
     answer_starts = ("<tool_call>",)
     drop_late_end = True
 
 
-class Glm45Reasoning(ThinkTags):
+class Glm45ReasoningParser(ThinkTags):
     """GLM-4.5/4.6/4.7's ``<think>`` reasoning (vLLM's ``glm45``): it may think again mid-answer."""
 
     answer_starts = ("<tool_call>",)
@@ -116,7 +116,7 @@ class Glm45Reasoning(ThinkTags):
     strip_trailing = True
 
 
-class KimiK2Reasoning(ThinkTags):
+class KimiK2ReasoningParser(ThinkTags):
     """Kimi K2's ``<think>`` reasoning (vLLM's ``kimi_k2``): its call section ends the reasoning."""
 
     answer_starts = ("<|tool_calls_section_begin|>",)
@@ -124,7 +124,7 @@ class KimiK2Reasoning(ThinkTags):
     strip_trailing = True
 
 
-class HarmonyReasoning:
+class HarmonyReasoningParser:
     """gpt-oss's ``analysis`` messages (vLLM's ``openai_gptoss``); the rest passes on as written."""
 
     def __init__(self) -> None:

@@ -18,7 +18,7 @@ SECTION_CLOSE = "<｜tool▁calls▁end｜>"
 _CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.DOTALL)
 
 
-class DeepSeekV31Parser(TaggedBlocks):
+class DeepSeekV31ToolCallParser(TaggedBlocks):
     """DeepSeek V3.1's call section (a ``farm.proxy.toolparse.ToolCallParser``)."""
 
     blocks = {SECTION_OPEN: SECTION_CLOSE}

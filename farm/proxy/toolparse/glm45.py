@@ -15,7 +15,7 @@ from farm.proxy.toolparse.scan import TaggedBlocks
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
-class Glm45Parser(TaggedBlocks):
+class Glm45ToolCallParser(TaggedBlocks):
     """``<tool_call>NAME<arg_key>...`` blocks (a ``farm.proxy.toolparse.ToolCallParser``)."""
 
     blocks = {"<tool_call>": "</tool_call>"}

@@ -108,7 +108,7 @@ def classify(header: str) -> tuple[str, str]:
     return "ignore", ""
 
 
-class HarmonyParser:
+class HarmonyToolCallParser:
     """Harmony messages (a ``farm.proxy.toolparse.ToolCallParser``): calls and the final text."""
 
     def __init__(self, *, tools: Tools | None = None) -> None:

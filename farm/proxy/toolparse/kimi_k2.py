@@ -20,7 +20,7 @@ _CALL = re.compile(r"<\|tool_call_begin\|>(.*?)<\|tool_call_argument_begin\|>(.*
 _HEADER = re.compile(r"(.+):\d+")
 
 
-class KimiK2Parser(TaggedBlocks):
+class KimiK2ToolCallParser(TaggedBlocks):
     """Kimi K2's call section (a ``farm.proxy.toolparse.ToolCallParser``)."""
 
     blocks = {SECTION_OPEN: SECTION_CLOSE}

@@ -17,7 +17,7 @@ PYTHON_TAG = "<|python_tag|>"
 _SEPARATORS = " \t\r\n;"
 
 
-class Llama3JsonParser:
+class Llama3JsonToolCallParser:
     """Bare JSON calls (a ``farm.proxy.toolparse.ToolCallParser``)."""
 
     def __init__(self, *, tools: Tools | None = None) -> None:

@@ -20,7 +20,7 @@ ARGS = "[ARGS]"
 CALL_ID = "[CALL_ID]"
 
 
-class MistralParser:
+class MistralToolCallParser:
     """``[TOOL_CALLS]`` calls (a ``farm.proxy.toolparse.ToolCallParser``)."""
 
     def __init__(self, *, tools: Tools | None = None) -> None:

@@ -19,7 +19,7 @@ _FUNCTION = re.compile(r"<function=([^>]*)>(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<\s*parameter\s*=\s*([^>]*)>(.*?)(?:<\s*/\s*parameter\s*>|(?=<\s*parameter\s*=))", re.DOTALL)
 
 
-class Qwen3CoderParser(TaggedBlocks):
+class Qwen3CoderToolCallParser(TaggedBlocks):
     """``<tool_call><function=...>`` blocks (a ``farm.proxy.toolparse.ToolCallParser``)."""
 
     blocks = {"<tool_call>": "</tool_call>", "<function=": "</function>"}
