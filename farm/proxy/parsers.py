@@ -15,13 +15,39 @@ from typing import TypeVar
 from farm.errors import ConfigError
 from farm.proxy.events import TrialContext
 from farm.proxy.reasoning import NoReasoning, ReasoningParser
+from farm.proxy.reasoning_formats import (
+    DeepSeekR1ReasoningParser,
+    Glm45ReasoningParser,
+    HarmonyReasoningParser,
+    KimiK2ReasoningParser,
+    Qwen3ReasoningParser,
+)
 from farm.proxy.toolparse import NoToolCalls, ToolCallParser
+from farm.proxy.toolparse.deepseek_v31 import DeepSeekV31ToolCallParser
+from farm.proxy.toolparse.glm45 import Glm45ToolCallParser
+from farm.proxy.toolparse.harmony import HarmonyToolCallParser
 from farm.proxy.toolparse.hermes import HermesToolCallParser
+from farm.proxy.toolparse.kimi_k2 import KimiK2ToolCallParser
+from farm.proxy.toolparse.llama3_json import Llama3JsonToolCallParser
+from farm.proxy.toolparse.mistral import MistralToolCallParser
+from farm.proxy.toolparse.qwen3_coder import Qwen3CoderToolCallParser
 
 #: tool-call parsers by vLLM's ``--tool-call-parser`` name.
 TOOL_CALL_PARSERS: dict[str, Callable[[], ToolCallParser]] = {"hermes": HermesToolCallParser}
 #: reasoning parsers by vLLM's ``--reasoning-parser`` name (``none``: the model writes no reasoning).
 REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {"none": NoReasoning}
+TOOL_CALL_PARSERS["qwen3_coder"] = Qwen3CoderToolCallParser
+TOOL_CALL_PARSERS["llama3_json"] = Llama3JsonToolCallParser
+TOOL_CALL_PARSERS["deepseek_v31"] = DeepSeekV31ToolCallParser
+TOOL_CALL_PARSERS["glm45"] = Glm45ToolCallParser
+TOOL_CALL_PARSERS["kimi_k2"] = KimiK2ToolCallParser
+TOOL_CALL_PARSERS["mistral"] = MistralToolCallParser
+TOOL_CALL_PARSERS["openai"] = HarmonyToolCallParser
+REASONING_PARSERS["deepseek_r1"] = DeepSeekR1ReasoningParser
+REASONING_PARSERS["qwen3"] = Qwen3ReasoningParser
+REASONING_PARSERS["openai_gptoss"] = HarmonyReasoningParser
+REASONING_PARSERS["glm45"] = Glm45ReasoningParser
+REASONING_PARSERS["kimi_k2"] = KimiK2ReasoningParser
 P = TypeVar("P")
 
 
