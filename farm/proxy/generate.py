@@ -66,7 +66,8 @@ class Generation:
         self._stops = StopMatcher(request.sampling.stop)
         parse_calls = isinstance(request, ChatRequest) and bool(request.tools) and request.tool_choice != "none"
         self._reasoning = reasoning_parser(parsers.reasoning)
-        self._tools = tool_call_parser(parsers.tool_calls, parse_calls=parse_calls)
+        tools = [tool.for_template()["function"] for tool in request.tools] if isinstance(request, ChatRequest) else []
+        self._tools = tool_call_parser(parsers.tool_calls, parse_calls=parse_calls, tools=tools)
         self._one_call = parse_calls and isinstance(request, ChatRequest) and not request.parallel_tool_calls
         self._id_prefix = call_id_prefix
         self._content: list[str] = []

@@ -31,23 +31,29 @@ from farm.proxy.toolparse.kimi_k2 import KimiK2ToolCallParser
 from farm.proxy.toolparse.llama3_json import Llama3JsonToolCallParser
 from farm.proxy.toolparse.mistral import MistralToolCallParser
 from farm.proxy.toolparse.qwen3_coder import Qwen3CoderToolCallParser
+from farm.proxy.toolparse.scan import Tools
 
-#: tool-call parsers by vLLM's ``--tool-call-parser`` name.
-TOOL_CALL_PARSERS: dict[str, Callable[[], ToolCallParser]] = {"hermes": HermesToolCallParser}
+#: tool-call parsers by vLLM's ``--tool-call-parser`` name; each is made with the request's tools
+#: (``tools=``: the formats vLLM types by the tool's schema read the parameters' types from them).
+TOOL_CALL_PARSERS: dict[str, Callable[..., ToolCallParser]] = {
+    "hermes": HermesToolCallParser,
+    "qwen3_coder": Qwen3CoderToolCallParser,
+    "llama3_json": Llama3JsonToolCallParser,
+    "deepseek_v31": DeepSeekV31ToolCallParser,
+    "glm45": Glm45ToolCallParser,
+    "kimi_k2": KimiK2ToolCallParser,
+    "mistral": MistralToolCallParser,
+    "openai": HarmonyToolCallParser,
+}
 #: reasoning parsers by vLLM's ``--reasoning-parser`` name (``none``: the model writes no reasoning).
-REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {"none": NoReasoning}
-TOOL_CALL_PARSERS["qwen3_coder"] = Qwen3CoderToolCallParser
-TOOL_CALL_PARSERS["llama3_json"] = Llama3JsonToolCallParser
-TOOL_CALL_PARSERS["deepseek_v31"] = DeepSeekV31ToolCallParser
-TOOL_CALL_PARSERS["glm45"] = Glm45ToolCallParser
-TOOL_CALL_PARSERS["kimi_k2"] = KimiK2ToolCallParser
-TOOL_CALL_PARSERS["mistral"] = MistralToolCallParser
-TOOL_CALL_PARSERS["openai"] = HarmonyToolCallParser
-REASONING_PARSERS["deepseek_r1"] = DeepSeekR1ReasoningParser
-REASONING_PARSERS["qwen3"] = Qwen3ReasoningParser
-REASONING_PARSERS["openai_gptoss"] = HarmonyReasoningParser
-REASONING_PARSERS["glm45"] = Glm45ReasoningParser
-REASONING_PARSERS["kimi_k2"] = KimiK2ReasoningParser
+REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {
+    "none": NoReasoning,
+    "deepseek_r1": DeepSeekR1ReasoningParser,
+    "qwen3": Qwen3ReasoningParser,
+    "openai_gptoss": HarmonyReasoningParser,
+    "glm45": Glm45ReasoningParser,
+    "kimi_k2": KimiK2ReasoningParser,
+}
 P = TypeVar("P")
 
 
@@ -64,15 +70,16 @@ def choose(trial: TrialContext) -> ParserNames:
     return ParserNames()
 
 
-def tool_call_parser(name: str, *, parse_calls: bool) -> ToolCallParser:
+def tool_call_parser(name: str, *, parse_calls: bool, tools: Tools | None = None) -> ToolCallParser:
     """A fresh parser for one answer; ``parse_calls`` False: all text is prose (no tools offered).
+    ``tools``: the request's tools, in the OpenAI function shape.
 
     Raises:
         ConfigError: no parser has this name (the message lists the known ones).
     """
     if not parse_calls:
         return NoToolCalls()
-    return _make(TOOL_CALL_PARSERS, name, "tool-call")()
+    return _make(TOOL_CALL_PARSERS, name, "tool-call")(tools=tools)
 
 
 def reasoning_parser(name: str) -> ReasoningParser:
@@ -84,7 +91,7 @@ def reasoning_parser(name: str) -> ReasoningParser:
     return _make(REASONING_PARSERS, name, "reasoning")()
 
 
-def _make(registry: dict[str, Callable[[], P]], name: str, kind: str) -> Callable[[], P]:
+def _make(registry: dict[str, Callable[..., P]], name: str, kind: str) -> Callable[..., P]:
     try:
         return registry[name]
     except KeyError:

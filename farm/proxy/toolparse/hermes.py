@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from farm.proxy.toolparse import CallPiece, Piece, TextPiece
+from farm.proxy.toolparse.scan import Tools
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -39,7 +40,8 @@ def parse_call(body: str) -> CallPiece | None:
 class HermesToolCallParser:
     """``<tool_call>`` blocks (a ``farm.proxy.toolparse.ToolCallParser``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tools: Tools | None = None) -> None:
+        # Hermes arguments are JSON already: nothing to type by the schema (vLLM's parser neither).
         self._pending = ""
         self._in_block = False
 

@@ -65,15 +65,15 @@ def test_parsers_agree_with_vllms_on_every_case(tiny_model_dir: Path) -> None:
             outcome = "DISAGREE"
         kind = "sampled" if case.name.startswith("sample") else "tool calls"
         tally[(kind, case.parser, outcome)] += 1
-    for case, got in zip(REASONING_CASES, reasoning_results, strict=True):
-        reasoning, content = split(case, [case.text])
-        farm_split = {"reasoning": reasoning, "content": answer_text(case, content)}
-        expected_split = {"reasoning": case.vllm[0], "content": case.vllm[1]} if case.vllm else farm_split
-        outcome = "documented difference" if case.vllm else "agree"
+    for rcase, got in zip(REASONING_CASES, reasoning_results, strict=True):
+        reasoning, content = split(rcase, [rcase.text])
+        farm_split = {"reasoning": reasoning, "content": answer_text(rcase, content)}
+        expected_split = {"reasoning": rcase.vllm[0], "content": rcase.vllm[1]} if rcase.vllm else farm_split
+        outcome = "documented difference" if rcase.vllm else "agree"
         if got != expected_split:
             outcome = "DISAGREE"
-            unexpected.append(f"{case.parser}:{case.name}: farm {farm_split}, vLLM {got}")
-        tally[("reasoning", case.parser, outcome)] += 1
+            unexpected.append(f"{rcase.parser}:{rcase.name}: farm {farm_split}, vLLM {got}")
+        tally[("reasoning", rcase.parser, outcome)] += 1
 
     print("\nparser agreement with vLLM (cases per format and outcome):")
     for (kind, parser, outcome), count in sorted(tally.items()):

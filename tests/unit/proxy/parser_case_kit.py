@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-Call = tuple[str, dict[str, Any]]
+#: a call as (name, arguments); vLLM may pass on arguments that are not an object (documented cases).
+Call = tuple[str, Any]
 
 
 @dataclass(frozen=True)

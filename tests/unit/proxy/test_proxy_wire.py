@@ -62,10 +62,10 @@ def test_parsers_every_trial_reads_hermes_calls_and_no_reasoning() -> None:
 
 
 def test_parsers_unknown_names_are_refused_with_the_known_ones() -> None:
-    with pytest.raises(ConfigError, match="known: hermes"):
+    with pytest.raises(ConfigError, match="known: .*hermes.*qwen3_coder"):
         tool_call_parser("pythonic", parse_calls=True)
-    with pytest.raises(ConfigError, match="known: none"):
-        reasoning_parser("deepseek_r1")
+    with pytest.raises(ConfigError, match="known: .*deepseek_r1.*none"):
+        reasoning_parser("granite")
 
 
 def test_parsers_hermes_reads_calls_and_plain_text_reads_none() -> None:
@@ -78,3 +78,12 @@ def test_parsers_no_reasoning_passes_the_text_through() -> None:
     parser = reasoning_parser("none")
     assert parser.push("<think>x</think>y") == Split(content="<think>x</think>y")
     assert parser.finish() == Split()
+
+
+def test_parsers_are_made_with_the_requests_tools_so_values_get_the_schemas_types() -> None:
+    tools = [{"name": "f", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}]
+    text = "<tool_call>\n<function=f>\n<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>"
+    typed = tool_call_parser("qwen3_coder", parse_calls=True, tools=tools)
+    assert typed.push(text) + typed.finish() == [CallPiece("f", '{"n": 3}')]
+    untyped = tool_call_parser("qwen3_coder", parse_calls=True)
+    assert untyped.push(text) + untyped.finish() == [CallPiece("f", '{"n": "3"}')]

@@ -24,9 +24,8 @@ RANDOM_CHUNKINGS = 20
 
 
 def new_parser(case: ToolCase) -> ToolCallParser:
-    """The case's parser, given the request's tools where there are some (hermes takes none)."""
-    make = TOOL_CALL_PARSERS[case.parser]
-    return make(tools=case.tools) if case.tools is not None else make()  # type: ignore[call-arg]
+    """The case's parser, given the request's tools."""
+    return TOOL_CALL_PARSERS[case.parser](tools=case.tools)
 
 
 def parse(case: ToolCase, chunks: list[str]) -> list[Piece]:
