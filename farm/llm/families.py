@@ -70,7 +70,7 @@ class Family:
     tokenizer_fixes: tuple[str, ...] = field(default=())
 
     def token_id(self, content: str) -> int:
-        """The id of one of the family's added tokens.
+        """The id of one of the family's added tokens (the tokenizer places each at its id).
 
         Raises:
             KeyError: ``content`` is not one of them.
@@ -232,7 +232,9 @@ FAMILIES: dict[str, Family] = {
             notes=(
                 "DeepSeek-R1-Distill-Qwen-1.5B's tokenizer.json (151643-151664). Its template writes "
                 "DeepSeek-V3 tool calls (<｜tool▁calls▁begin｜>...), which are no tokens of the distill's "
-                "vocabulary: vLLM's deepseek_v3 parser refuses such a tokenizer, so no tool parser."
+                "vocabulary: vLLM's deepseek_v3 parser refuses such a tokenizer, so no tool parser. "
+                "llama.cpp's copy of the template closes <think> in the generation prompt unless "
+                "enable_thinking is true (the published one always leaves it open)."
             ),
         ),
         Family(
@@ -266,6 +268,7 @@ FAMILIES: dict[str, Family] = {
             vocab_size=32064,
             # The GGUF already names them; listed so the tests pin their ids.
             added_tokens=(
+                AddedToken(1, "<s>"),
                 AddedToken(32000, "<|endoftext|>"),
                 AddedToken(32001, "<|assistant|>"),
                 AddedToken(32006, "<|system|>"),

@@ -30,7 +30,7 @@ NUM_EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
 DEFAULT_CONTEXT = 4096
 #: bumped when the edits below change, so a cached tokenizer of an older recipe is rebuilt.
-TOKENIZER_RECIPE = "3"
+TOKENIZER_RECIPE = "4"
 
 #: transformers model_type of each architecture the families use.
 MODEL_TYPES = {
@@ -192,10 +192,10 @@ def family_tokenizer_dir(family_name: str, cache_dir: Path) -> Path:
     return _atomic_dir(target, fill)
 
 
-def _model_config(family: Family, tokenizer: Any, context: int) -> Any:
+def _model_config(family: Family, context: int) -> Any:
     from transformers import AutoConfig
 
-    ids = tokenizer.convert_tokens_to_ids
+    ids = family.token_id
     common: dict[str, Any] = {
         "vocab_size": family.vocab_size,
         "hidden_size": HIDDEN_SIZE,
@@ -255,20 +255,19 @@ def make_family_tiny(
         OSError: the folder cannot be written.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     spec = get_family(family)
     tokenizer_dir = family_tokenizer_dir(family, cache_dir)
-    tokenizer: Any = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = _model_config(spec, tokenizer, context)
+    config = _model_config(spec, context)
     config._name_or_path = f"farm-tiny-{spec.name}"
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).eval()
+    model = AutoModelForCausalLM.from_config(config).eval()  # type: ignore[no-untyped-call]
     if type(model).__name__ != spec.architecture:
         raise RuntimeError(f"{spec.name}: transformers built {type(model).__name__}, not {spec.architecture}")
     model.generation_config.do_sample = True
-    model.generation_config.eos_token_id = [tokenizer.convert_tokens_to_ids(t) for t in (spec.eos_token, *spec.extra_eos)]
+    model.generation_config.eos_token_id = [spec.token_id(t) for t in (spec.eos_token, *spec.extra_eos)]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
