@@ -88,7 +88,7 @@ class BuiltinServer:
             # Resolved: the child runs from the repository root, not from the caller's directory.
             cmd += ["--script", str(Path(self.script).resolve())]
         # Run from the tree this module is in, so a checkout's farm wins over an installed one.
-        root = str(Path(__file__).resolve().parents[2])
+        root = str(Path(__file__).resolve().parents[3])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
         if self.log_path:
             with open(self.log_path, "ab") as log:  # the child keeps its own copy of the descriptor
