@@ -258,7 +258,9 @@ FAMILIES: dict[str, Family] = {
                 "are Qwen3_5ForConditionalGeneration with linear-attention layers; the tiny model is its "
                 "language model with full-attention layers only."
             ),
-            tokenizer_fixes=("qwen35_pretokenizer",),
+            # Not Qwen2Tokenizer, which normalizes to NFC: Qwen3.5 keeps combining marks as they come
+            # (llama.cpp's vectors split "e\u0301" into e + U+0301); the GGUF's pre-tokenizer is Qwen3.5's.
+            tokenizer_class="PreTrainedTokenizerFast",
         ),
         Family(
             name="phi-3",

@@ -121,9 +121,6 @@ def _fix(spec: dict[str, Any], family: Family) -> None:
     if "ignore_merges" in family.tokenizer_fixes:
         # Llama 3: a pre-token that is itself a vocabulary entry is taken whole ("Việt" is one id).
         spec["model"]["ignore_merges"] = True
-    if "qwen35_pretokenizer" in family.tokenizer_fixes:
-        # Qwen3.5 keeps combining marks as they come (llama.cpp's vectors split "e\u0301" as e + U+0301).
-        spec["normalizer"] = None
     if family.add_bos and family.bos_token is not None:
         bos = {"id": family.bos_token, "type_id": 0}
         spec["post_processor"] = {
