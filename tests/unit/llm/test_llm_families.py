@@ -187,3 +187,13 @@ def test_unknown_family_names_the_known_ones():
 def test_make_tiny_family_without_the_cache_says_how_to_set_it_up(tmp_path):
     with pytest.raises(FamiliesMissing, match="scripts/setup_families.sh"):
         make_tiny(tmp_path / "m", family="qwen3", families_dir=tmp_path / "no-cache")
+
+
+@pytest.mark.parametrize("name", ["qwen3", "deepseek-r1"])
+def test_qwen2_vocabulary_tokenizer_json_normalizes_to_nfc(name, family_model_dir):
+    # As Qwen's published tokenizer.json: a loader that reads the file as written (not transformers'
+    # Qwen2Tokenizer, which adds NFC itself) sees "e" + U+0301 as "é". Qwen3.5's vectors pin the opposite.
+    from tokenizers import Tokenizer
+
+    raw = Tokenizer.from_file(str(family_model_dir(name) / "tokenizer.json"))
+    assert raw.encode("re\u0301sume\u0301").ids == raw.encode("résumé").ids
