@@ -6,7 +6,8 @@
 #
 #   scripts/setup_families.sh [CACHE_DIR]   default: $FARM_FAMILIES_DIR or ~/.cache/rollout-farm/families
 #
-# Idempotent: returns at once when the cache is complete. Cold: ~2 min (pip prepares the sdist's metadata).
+# Idempotent: returns at once when the cache is complete. Cold: 2-5 min on 2 cores (pip unpacks the
+# sdist and prepares its metadata before it saves it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

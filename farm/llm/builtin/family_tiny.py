@@ -30,7 +30,7 @@ NUM_EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
 DEFAULT_CONTEXT = 4096
 #: bumped when the edits below change, so a cached tokenizer of an older recipe is rebuilt.
-TOKENIZER_RECIPE = "4"
+TOKENIZER_RECIPE = "5"
 
 #: transformers model_type of each architecture the families use.
 MODEL_TYPES = {
@@ -116,7 +116,7 @@ def _place_tokens(spec: dict[str, Any], family: Family) -> None:
 
 def _fix(spec: dict[str, Any], family: Family) -> None:
     """What the published tokenizer.json has and the GGUF conversion drops."""
-    if family.tokenizer_class == "Qwen2Tokenizer":
+    if family.vocab == "qwen2":  # Qwen2.5, Qwen3 and the DeepSeek distill publish NFC
         spec["normalizer"] = {"type": "NFC"}
     if "ignore_merges" in family.tokenizer_fixes:
         # Llama 3: a pre-token that is itself a vocabulary entry is taken whole ("Việt" is one id).
