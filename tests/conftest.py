@@ -3,6 +3,8 @@
 Environment knobs (tests are an entry point, so they may read the environment):
 - ``FARM_TEST_REDIS_URL``   default ``redis://127.0.0.1:6379/9``; tests flush this database.
 - ``FARM_TEST_DATABASE_URL`` default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``.
+- ``FARM_FAMILIES_DIR``     the real model families cache (scripts/setup_families.sh; default
+  ``~/.cache/rollout-farm/families``).
 - ``CI``                    when set, a missing service is a failure, not a skip.
 """
 
@@ -15,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from farm.config import Settings
+from farm.llm.families import DEFAULT_CACHE_DIR, is_ready
 
 REDIS_URL = os.environ.get("FARM_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 DATABASE_URL = os.environ.get("FARM_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 IN_CI = bool(os.environ.get("CI"))
+FAMILIES_DIR = Path(os.environ.get("FARM_FAMILIES_DIR") or DEFAULT_CACHE_DIR)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -237,3 +241,33 @@ def teacher_for(model_dir: Path) -> Callable[[list[int]], list[float]]:
     logprobs.argmax = argmax  # type: ignore[attr-defined]
     logprobs.top = top  # type: ignore[attr-defined]
     return logprobs
+
+
+@pytest.fixture(scope="session")
+def families_dir() -> Path:
+    """The real model families' vocabularies and templates (scripts/setup_families.sh); like a missing
+    service, their absence skips locally and fails in CI."""
+    if not is_ready(FAMILIES_DIR):
+        message = (
+            f"the model families cache {FAMILIES_DIR} is not set up: run scripts/setup_families.sh "
+            "(it downloads llama-cpp-python's source distribution from PyPI once)"
+        )
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return FAMILIES_DIR
+
+
+@pytest.fixture(scope="session")
+def family_model_dir(families_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``family_model_dir(name)``: the tiny random model of a real family, built once per session."""
+    from farm.llm.builtin.tiny import make_tiny
+
+    built: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            built[name] = make_tiny(tmp_path_factory.mktemp(f"family-{name}"), family=name, families_dir=families_dir)
+        return built[name]
+
+    return get

@@ -5,10 +5,17 @@ weights and layer functions do not. Every sequence keeps its own KV buffers (one
 ``(kv_heads, capacity, head_dim)``), so sequences of any lengths run in one pass: embeddings,
 projections and MLPs run batched over all new tokens, attention runs per sequence (no padding, and
 no mask in decode). The tests compare its logprobs with a plain ``model(...)`` forward pass.
+
+Besides Llama it runs the decoder-only families of ``farm.llm.families`` whose layers are attention plus
+an MLP: Qwen2 (biased projections), Qwen3 and Qwen3-MoE (per-head q/k norms; the MoE block is called as
+the layer's ``mlp``), Phi-3 (one fused qkv projection) and Qwen3.5's full-attention layers (a sigmoid
+output gate packed with the query). Each attention module's own ``apply_rotary_pos_emb`` handles
+partial rotary embeddings.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -26,7 +33,8 @@ def alloc_kv(
     config: Any, capacity: int, keys: list[torch.Tensor], values: list[torch.Tensor], reused: int
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Fresh per-layer KV buffers for ``capacity`` tokens, the first ``reused`` copied from ``keys``/``values``."""
-    shape = (config.num_key_value_heads, capacity, config.head_dim)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    shape = (config.num_key_value_heads, capacity, head_dim)
     new_k = [torch.empty(shape) for _ in range(config.num_hidden_layers)]
     new_v = [torch.empty(shape) for _ in range(config.num_hidden_layers)]
     for layer in range(config.num_hidden_layers if reused else 0):
@@ -37,8 +45,6 @@ def alloc_kv(
 
 def forward(model: Any, seqs: Sequence[KVSequence], chunks: list[list[int]]) -> torch.Tensor:
     """Feed each sequence its chunk of new tokens and append their KV; returns each sequence's last logits."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
     inner = model.model
     lens = [len(c) for c in chunks]
     ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long)
@@ -47,12 +53,9 @@ def forward(model: Any, seqs: Sequence[KVSequence], chunks: list[list[int]]) -> 
     cos, sin = inner.rotary_emb(hidden, pos[None])
     for layer_idx, layer in enumerate(inner.layers):
         attn = layer.self_attn
-        heads, kv_heads = attn.config.num_attention_heads, attn.config.num_key_value_heads
-        x = layer.input_layernorm(hidden)
-        q = attn.q_proj(x).view(1, -1, heads, attn.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(1, -1, kv_heads, attn.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(1, -1, kv_heads, attn.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        heads = attn.config.num_attention_heads
+        q, k, v, gate = _project(attn, layer.input_layernorm(hidden))
+        q, k = sys.modules[type(attn).__module__].apply_rotary_pos_emb(q, k, cos, sin)
         outs = []
         start = 0
         for seq, n in zip(seqs, lens, strict=True):
@@ -66,13 +69,34 @@ def forward(model: Any, seqs: Sequence[KVSequence], chunks: list[list[int]]) -> 
             outs.append(_attend(q[0, :, start:end], kk, vv, past=seq.length, scale=attn.scaling))
             start = end
         o = torch.cat(outs, dim=1).transpose(0, 1).reshape(1, -1, heads * attn.head_dim)
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
         hidden = hidden + attn.o_proj(o)
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        mlp_out = layer.mlp(layer.post_attention_layernorm(hidden))
+        # Some MoE blocks also return their router logits.
+        hidden = hidden + (mlp_out[0] if isinstance(mlp_out, tuple) else mlp_out)
     for seq, n in zip(seqs, lens, strict=True):
         seq.length += n
     last = torch.tensor(lens).cumsum(0) - 1
     logits: torch.Tensor = model.lm_head(inner.norm(hidden[0, last])).float()
     return logits
+
+
+def _project(attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Queries, keys and values, each ``(1, heads, tokens, head_dim)``, and Qwen3.5's output gate (or None)."""
+    heads, kv_heads, dim = attn.config.num_attention_heads, attn.config.num_key_value_heads, attn.head_dim
+    gate = None
+    if hasattr(attn, "qkv_proj"):  # Phi-3
+        q, k, v = attn.qkv_proj(x).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    else:
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        if q.shape[-1] == 2 * heads * dim:  # Qwen3.5: each head's query followed by its gate
+            q, gate = torch.chunk(q.view(1, -1, heads, 2 * dim), 2, dim=-1)
+            gate = gate.reshape(1, -1, heads * dim)
+    q, k, v = q.reshape(1, -1, heads, dim), k.reshape(1, -1, kv_heads, dim), v.reshape(1, -1, kv_heads, dim)
+    if hasattr(attn, "q_norm"):  # Qwen3, Qwen3-MoE, Qwen3.5: RMSNorm over each head
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), gate
 
 
 #: query rows attended at once when a prompt extends a cached prefix (bounds the n x total mask).

@@ -90,8 +90,14 @@ def make_tiny(
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     name: str = "farm-tiny",
     context: int = DEFAULT_MAX_POSITIONS,
+    family: str | None = None,
+    families_dir: Path | None = None,
 ) -> Path:
     """Build the tokenizer and a randomly initialised model and ``save_pretrained`` both into ``out_dir``.
+
+    With ``family`` (a name in ``farm.llm.families.FAMILIES``) the model is instead a tiny random one of
+    that real family, its tokenizer and chat template (``farm.llm.builtin.family_tiny``); ``vocab_size``
+    and ``name`` then do not apply.
 
     Args:
         out_dir: folder to write (created if missing; existing files are overwritten).
@@ -100,13 +106,24 @@ def make_tiny(
         name: recorded as ``_name_or_path`` in the config.
         context: the model's context length in tokens (an external harness's system prompt can be
             long: Claude Code's alone is many thousands of the tiny tokenizer's tokens).
+        family: build a tiny model of this real family instead of the farm's own.
+        families_dir: the cache scripts/setup_families.sh filled (default: ``DEFAULT_CACHE_DIR``).
 
     Returns:
         ``out_dir``.
 
     Raises:
         OSError: the folder cannot be written.
+        FamiliesMissing: ``family`` is given and the families cache is not set up.
+        KeyError: ``family`` is no known family.
     """
+    if family is not None:
+        from farm.llm.builtin.family_tiny import make_family_tiny
+        from farm.llm.families import DEFAULT_CACHE_DIR
+
+        return make_family_tiny(
+            out_dir, family=family, cache_dir=families_dir or DEFAULT_CACHE_DIR, seed=seed, context=context
+        )
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
