@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from farm.llm.builtin.tiny import DEFAULT_MAX_POSITIONS, DEFAULT_SEED
+from farm.llm.families import DEFAULT_CACHE_DIR, FAMILIES
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8800
@@ -82,11 +83,30 @@ def serve(
     type=click.IntRange(64, 262_144),
     help="context length in tokens (e.g. 32768 for harnesses with long system prompts)",
 )
-def make_tiny_cmd(out_dir: Path, seed: int, context: int) -> None:
-    """Write a tiny random Llama model and its locally trained tokenizer to OUT_DIR."""
+@click.option(
+    "--family",
+    type=click.Choice(sorted(FAMILIES)),
+    default=None,
+    help="a real model family's tokenizer, chat template and architecture (scripts/setup_families.sh first)",
+)
+@click.option(
+    "--families-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="FARM_FAMILIES_DIR",
+    default=DEFAULT_CACHE_DIR,
+    show_default=True,
+    help="where scripts/setup_families.sh put the families' vocabularies and templates",
+)
+def make_tiny_cmd(out_dir: Path, seed: int, context: int, family: str | None, families_dir: Path) -> None:
+    """Write a tiny random model to OUT_DIR: a Llama with a locally trained tokenizer, or with
+    --family, the family's own tokenizer, template and architecture."""
+    from farm.llm.builtin.family_tiny import FamiliesMissing
     from farm.llm.builtin.tiny import make_tiny
 
-    make_tiny(out_dir, seed=seed, context=context)
+    try:
+        make_tiny(out_dir, seed=seed, context=context, family=family, families_dir=families_dir)
+    except FamiliesMissing as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(str(out_dir))
 
 

@@ -197,3 +197,16 @@ def test_qwen2_vocabulary_tokenizer_json_normalizes_to_nfc(name, family_model_di
 
     raw = Tokenizer.from_file(str(family_model_dir(name) / "tokenizer.json"))
     assert raw.encode("re\u0301sume\u0301").ids == raw.encode("résumé").ids
+
+
+def test_families_cli_make_tiny_writes_the_familys_model(families_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from farm.llm.builtin.cli import llm
+
+    out = tmp_path / "qwen3"
+    done = CliRunner().invoke(llm, ["make-tiny", "--family", "qwen3", "--families-dir", str(families_dir), str(out)])
+    assert done.exit_code == 0, done.output
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+    missing = CliRunner().invoke(llm, ["make-tiny", "--family", "qwen3", "--families-dir", str(tmp_path / "none"), "x"])
+    assert missing.exit_code == 1 and "scripts/setup_families.sh" in missing.output
