@@ -156,7 +156,7 @@ def parse(raw: Any) -> WireRequest:
                 400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", param=f"tools[{i}]"
             )
         parameters = {} if fn.get("parameters") is None else fn["parameters"]
-        check_function(parameters, index=i, name=fn["name"], param=f"tools[{i}].function.parameters")
+        check_function(parameters, name=fn["name"], param=f"tools[{i}].function.parameters")
         tools.append(Tool(name=fn["name"], description=fn.get("description"), parameters=parameters))
     choice = body.tool_choice or "auto"
     if isinstance(choice, dict):

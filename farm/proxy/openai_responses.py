@@ -116,7 +116,7 @@ def parse(raw: Any) -> WireRequest:
         if not isinstance(tool.get("name"), str):
             raise ProxyError(400, f"tools[{i}]: a function tool needs a name", param=f"tools[{i}]")
         parameters = {} if tool.get("parameters") is None else tool["parameters"]
-        check_function(parameters, index=i, name=tool["name"], param=f"tools[{i}].parameters")
+        check_function(parameters, name=tool["name"], param=f"tools[{i}].parameters")
         tools.append(Tool(name=tool["name"], description=tool.get("description"), parameters=parameters))
     choice = body.tool_choice or "auto"
     if isinstance(choice, dict):

@@ -77,17 +77,17 @@ def schema_problem(schema: Any, *, top_object: bool = True) -> SchemaProblem | N
     return None
 
 
-def check_function(parameters: Any, *, index: int, name: str, param: str) -> None:
+def check_function(parameters: Any, *, name: str, param: str) -> None:
     """An OpenAI function tool's ``parameters`` (Chat Completions and Responses), checked as OpenAI does.
 
     Raises:
-        ProxyError: 400 ``invalid_function_parameters`` naming the tool, its index and the problem.
+        ProxyError: 400 ``invalid_function_parameters`` naming the tool, where it is (``param``) and the problem.
     """
     problem = schema_problem(parameters)
     if problem is not None:
         raise ProxyError(
             400,
-            f"Invalid schema for function {name!r} (tools[{index}]): {problem}.",
+            f"Invalid schema for function {name!r} ({param}): {problem}.",
             param=param,
             code="invalid_function_parameters",
         )
