@@ -1,11 +1,12 @@
 """A tool's parameters checked as a JSON Schema before the model sees them (OpenAI and Anthropic
 answer an invalid one with a 400; a template would render it as it is and the model read nonsense).
 
-``schema_problem`` is a small check of the JSON Schema (draft 2020-12, draft 7's ``items`` arrays and
-``definitions`` too) keywords' shapes that the metaschema states: known ``type`` names, ``required`` an
-array of strings, ``properties`` an object of schemas, subschemas objects or booleans, counts
-non-negative integers, nesting bounded. Unknown keywords are allowed, as the metaschema allows them.
-It says what is wrong and where (the path of keywords, as OpenAI's ``In context=(...)``).
+``schema_problem`` is a small check of the shapes the JSON Schema metaschema gives its keywords
+(draft 2020-12; draft 7's ``items`` arrays and ``definitions`` and draft 4's boolean
+``exclusiveMinimum`` too): known ``type`` names, ``required`` an array of strings, ``properties`` an
+object of schemas, subschemas objects or booleans, counts non-negative integers, nesting bounded.
+Unknown keywords are allowed, as the metaschema allows them. It says what is wrong and where (the
+path of keywords, as OpenAI's ``In context=(...)``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ _COUNTS = (
     "maxContains",
 )
 _NUMBERS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+#: draft 4's boolean form, which harnesses' schema generators still write.
+_BOOLEAN_TOO = ("exclusiveMinimum", "exclusiveMaximum")
 _STRINGS = ("title", "description", "pattern", "format", "$ref", "$id", "$schema", "$anchor", "$comment")
 
 
@@ -122,7 +125,9 @@ def _check(schema: Any, at: tuple[str, ...], depth: int) -> None:
             raise SchemaProblem(at, f"{key!r} must be a non-negative integer, got {value!r}")
     for key in _NUMBERS:
         value = schema.get(key)
-        if key in schema and (not isinstance(value, int | float) or isinstance(value, bool)):
+        if key in schema and not isinstance(value, int | float):
+            raise SchemaProblem(at, f"{key!r} must be a number, got {value!r}")
+        if isinstance(value, bool) and key not in _BOOLEAN_TOO:
             raise SchemaProblem(at, f"{key!r} must be a number, got {value!r}")
     if "multipleOf" in schema:
         value = schema["multipleOf"]

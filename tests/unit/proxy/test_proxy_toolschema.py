@@ -21,6 +21,8 @@ GOOD: list[Any] = [
     {"type": "object", "properties": {"x": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/y"}]}}, "$defs": {"y": {}}},
     {"type": "object", "additionalProperties": False, "x-unknown-keyword": {"anything": 1}},
     {"type": "object", "properties": {"mode": {"enum": ["a", "b"], "description": "how"}}},
+    # draft 4's boolean exclusiveMinimum, as older schema generators write it
+    {"type": "object", "properties": {"n": {"type": "number", "minimum": 0, "exclusiveMinimum": True}}},
 ]
 #: (schema, words the problem names)
 BAD: list[tuple[Any, list[str]]] = [
@@ -39,6 +41,7 @@ BAD: list[tuple[Any, list[str]]] = [
     ({"type": "object", "properties": {"x": {"type": "string", "minLength": -1}}}, ["'minLength'"]),
     ({"type": "object", "properties": {"x": {"type": "number", "multipleOf": 0}}}, ["'multipleOf'"]),
     ({"type": "object", "properties": {"x": {"type": "number", "minimum": "0"}}}, ["'minimum'"]),
+    ({"type": "object", "properties": {"x": {"type": "number", "maximum": True}}}, ["'maximum'"]),
     ({"type": "object", "properties": {"x": {"enum": "a"}}}, ["'enum' must be an array"]),
     ({"type": "object", "description": 5}, ["'description' must be a string"]),
 ]
