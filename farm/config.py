@@ -207,9 +207,17 @@ class ProxySettings(BaseModel):
     socket: Path | None = None
     #: max_tokens when a request sets none; clamped to the context the backend has left.
     default_max_tokens: int = Field(default=4096, gt=0)
-    #: how tool calls are written in the model's text: ``hermes`` is ``<tool_call>{json}</tool_call>``
-    #: (Qwen 2.5/3, Hermes, and the tiny model's template).
-    tool_parser: Literal["hermes"] = "hermes"
+    #: the served model's family (``farm.llm.families``: qwen3, llama3, ...), whose tool-call and
+    #: reasoning parsers read its answers. Unset: the family whose published chat template the
+    #: tokenizer carries, if any.
+    family: str | None = None
+    #: how tool calls are written in the model's text, by vLLM's ``--tool-call-parser`` name
+    #: (``hermes`` is ``<tool_call>{json}</tool_call>``; qwen3_coder, llama3_json, ...). Unset: the
+    #: family's, else ``hermes`` (the tiny model's template).
+    tool_parser: str | None = None
+    #: how the model writes its reasoning, by vLLM's ``--reasoning-parser`` name (qwen3, deepseek_r1,
+    #: ...; ``none``: it writes none). Unset: the family's, else ``none``.
+    reasoning_parser: str | None = None
     #: longest request body the proxy reads (a harness's long history with tool outputs).
     max_body_bytes: int = 64 * 1024 * 1024
     #: processes ``farm proxy`` serves with, sharing its sockets (each is one event loop, about 6 ms of

@@ -8,13 +8,15 @@ thinking is never part of what the proxy gave (so dropping it keeps the history 
 Images and documents are a 400: the policy reads text only. Tool-call ids are ``toolu_...``.
 
 Streaming is the SDK's event sequence: ``message_start``, ``ping``, per block
-``content_block_start`` / ``content_block_delta`` (``text_delta``, or ``input_json_delta`` for a
-tool call's arguments) / ``content_block_stop``, then ``message_delta`` (stop reason, output
+``content_block_start`` / ``content_block_delta`` (``text_delta``, ``thinking_delta`` then one
+``signature_delta`` for a reasoning model's ``thinking`` block, or ``input_json_delta`` for a tool
+call's arguments) / ``content_block_stop``, then ``message_delta`` (stop reason, output
 tokens) and ``message_stop``. An error after the first event is an ``error`` event.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -25,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from farm.errors import ProxyError
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
 from farm.proxy.errors import CONTEXT_LENGTH, validated
-from farm.proxy.events import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
+from farm.proxy.events import Event, Finished, ReasoningDelta, Sampled, Started, TextDelta, ToolCallEvent
+from farm.proxy.toolschema import schema_problem
 from farm.proxy.wire import Answer, WireRequest
 
 WIRE = "anthropic.messages"
@@ -126,7 +129,18 @@ def _messages(body: MessagesBody | CountTokensBody) -> tuple[list[Message], list
                 pending.append(block)
         if pending or not m.content:
             out.append(Message(role="user", content=_text(pending, where)))
-    tools = [Tool(name=t.name, description=t.description, parameters=t.input_schema) for t in body.tools or []]
+    tools = []
+    for i, t in enumerate(body.tools or []):
+        problem = schema_problem(t.input_schema)
+        if problem is not None:
+            where = f"tools.{i}.custom.input_schema"
+            raise ProxyError(
+                400,
+                f"{where}: JSON schema is invalid. It must match JSON Schema draft 2020-12 "
+                f"(https://json-schema.org/draft/2020-12). Tool {t.name!r}: {problem}.",
+                param=where,
+            )
+        tools.append(Tool(name=t.name, description=t.description, parameters=t.input_schema))
     return out, tools
 
 
@@ -210,9 +224,17 @@ def _stop(done: Finished) -> tuple[str, str | None]:
     return _STOP_REASON[done.reply.finish_reason], None
 
 
+def signature(thinking: str) -> str:
+    """A thinking block's ``signature``: opaque to the harness (Anthropic's SDK requires one), here
+    a digest of the thinking text, so an echoed block can be told unedited."""
+    return hashlib.blake2b(thinking.encode(), digest_size=16).hexdigest()
+
+
 def response(done: Finished, *, model: str, message_id: str) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
-    if done.reply.content.strip() or not done.reply.tool_calls:
+    if done.reasoning:
+        content.append({"type": "thinking", "thinking": done.reasoning, "signature": signature(done.reasoning)})
+    if done.reply.content.strip() or not (done.reply.tool_calls or done.reasoning):
         content.append({"type": "text", "text": done.reply.content})
     for call in done.reply.tool_calls:
         content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": json.loads(call.arguments)})
@@ -250,25 +272,54 @@ async def stream(events: AsyncIterator[Event], *, model: str, message_id: str) -
     yield _event("message_start", {"message": start})
     yield _event("ping", {})
     index = -1
-    text_open = False
+    #: the block being written: "text", "thinking" (and its text so far, for its signature), or None.
+    open_kind: str | None = None
+    thinking = ""
+
+    def close() -> list[bytes]:
+        nonlocal open_kind
+        out = []
+        if open_kind == "thinking":
+            delta = {"type": "signature_delta", "signature": signature(thinking)}
+            out.append(_event("content_block_delta", {"index": index, "delta": delta}))
+        if open_kind is not None:
+            out.append(_event("content_block_stop", {"index": index}))
+        open_kind = None
+        return out
+
+    def open_block(kind: str) -> list[bytes]:
+        nonlocal index, open_kind, thinking
+        if open_kind == kind:
+            return []
+        out = close()
+        index += 1
+        open_kind, thinking = kind, ""
+        block = (
+            {"type": "text", "text": ""} if kind == "text" else {"type": "thinking", "thinking": "", "signature": ""}
+        )
+        return [*out, _event("content_block_start", {"index": index, "content_block": block})]
+
     try:
         async for event in events:
             if isinstance(event, Started | Sampled):
                 continue
-            if isinstance(event, TextDelta):
+            if isinstance(event, ReasoningDelta):
+                for chunk in open_block("thinking"):
+                    yield chunk
+                thinking += event.text
+                delta = {"type": "thinking_delta", "thinking": event.text}
+                yield _event("content_block_delta", {"index": index, "delta": delta})
+            elif isinstance(event, TextDelta):
                 if not event.text:
                     continue
-                if not text_open:
-                    index += 1
-                    text_open = True
-                    yield _event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
+                for chunk in open_block("text"):
+                    yield chunk
                 yield _event(
                     "content_block_delta", {"index": index, "delta": {"type": "text_delta", "text": event.text}}
                 )
             elif isinstance(event, ToolCallEvent):
-                if text_open:
-                    yield _event("content_block_stop", {"index": index})
-                    text_open = False
+                for chunk in close():
+                    yield chunk
                 index += 1
                 block = {"type": "tool_use", "id": event.call.id, "name": event.call.name, "input": {}}
                 yield _event("content_block_start", {"index": index, "content_block": block})
@@ -276,9 +327,8 @@ async def stream(events: AsyncIterator[Event], *, model: str, message_id: str) -
                 yield _event("content_block_delta", {"index": index, "delta": delta})
                 yield _event("content_block_stop", {"index": index})
             else:
-                if text_open:
-                    yield _event("content_block_stop", {"index": index})
-                    text_open = False
+                for chunk in close():
+                    yield chunk
                 if index < 0:  # an empty answer still has its (empty) text block
                     yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
                     yield _event("content_block_stop", {"index": 0})

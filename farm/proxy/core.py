@@ -38,6 +38,7 @@ from farm.proxy.continuity import Renderer
 from farm.proxy.conversation import ChatRequest, CompletionRequest, chain
 from farm.proxy.events import Event, TrialContext
 from farm.proxy.generate import Generated, Generation
+from farm.proxy.parsers import ParserNames
 from farm.proxy.prepare import IdCache, Prepared, Preparer, check_chat, sampling_params, with_tool_names
 from farm.proxy.recording import call_finish, call_start
 from farm.trials import statements, store
@@ -88,6 +89,7 @@ class ProxyCore:
         self.clients = clients
         self._tokenizer_loader = tokenizer
         self._renderer: Renderer | None = None
+        self._parsers: ParserNames | None = None
         self.served_model = served_model
         self._ids = IdCache()
         self._preparer = Preparer(recorder=recorder, ids=self._ids)
@@ -111,9 +113,25 @@ class ProxyCore:
 
     @property
     def renderer(self) -> Renderer:
+        """The served model's tokenizer and template; its parsers are chosen as it loads.
+
+        Raises:
+            ConfigError: the settings name a family or parser that does not exist.
+        """
         if self._renderer is None:
-            self._renderer = Renderer(self._tokenizer_loader())
+            renderer = Renderer(self._tokenizer_loader())
+            template = getattr(renderer.tokenizer, "chat_template", None)
+            self._parsers = parsers.choose(self.settings, template)
+            self._renderer = renderer
         return self._renderer
+
+    @property
+    def parser_names(self) -> ParserNames:
+        """The parsers that read the served model's answers (``farm.proxy.parsers.choose``)."""
+        if self._parsers is None:
+            _ = self.renderer
+        assert self._parsers is not None
+        return self._parsers
 
     async def warm(self) -> None:
         """Load the tokenizer off the event loop (it takes seconds the first time)."""
@@ -189,7 +207,7 @@ class ProxyCore:
             tokenizer=renderer.tokenizer,
             request=request,
             sampling=sampling,
-            parsers=parsers.choose(trial),
+            parsers=self.parser_names,
             forced_ids=prepared.forced_ids,
             call_id_prefix=call_id_prefix,
         )

@@ -1,5 +1,6 @@
 """The events of a proxy call (``ProxyCore.call``), in the order a format adapter reads them:
-``Started``, then ``Sampled``/``TextDelta``/``ToolCallEvent`` as the model writes, then ``Finished``."""
+``Started``, then ``Sampled``/``ReasoningDelta``/``TextDelta``/``ToolCallEvent`` as the model
+writes, then ``Finished``."""
 
 from __future__ import annotations
 
@@ -29,6 +30,14 @@ class Started:
 @dataclass(frozen=True)
 class TextDelta:
     """Answer text, as the stop matcher and the tool-call parser let it out."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """The model's reasoning, split from its answer by the trial's reasoning parser (none for a
+    model that does not reason). It comes before the answer's text."""
 
     text: str
 
@@ -81,6 +90,8 @@ class Finished:
     #: per sampled token, when the request asked for top logprobs: the most likely tokens' texts and
     #: logprobs, most likely first.
     top_logprobs: list[list[tuple[str, float]]] = field(default_factory=list)
+    #: the model's reasoning, split from ``reply.content`` (empty: none, or a model that does not reason).
+    reasoning: str = ""
 
 
-Event = Started | Sampled | TextDelta | ToolCallEvent | Finished
+Event = Started | Sampled | ReasoningDelta | TextDelta | ToolCallEvent | Finished

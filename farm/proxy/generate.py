@@ -20,8 +20,9 @@ from farm.llm.client import StreamItem
 from farm.llm.session import LLMSession
 from farm.llm.types import FinishReason, GenerateResult, SamplingParams, StreamDelta, TopLogprobs
 from farm.proxy.conversation import ChatRequest, CompletionRequest, Reply, ToolCall
-from farm.proxy.events import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent, Usage
+from farm.proxy.events import Event, Finished, ReasoningDelta, Sampled, Started, TextDelta, ToolCallEvent, Usage
 from farm.proxy.parsers import ParserNames, reasoning_parser, tool_call_parser
+from farm.proxy.reasoning import Split
 from farm.proxy.text import StopMatcher, TextDecoder
 from farm.proxy.toolparse import CallPiece, Piece, TextPiece
 
@@ -31,6 +32,8 @@ class Generated:
     """What a call sampled and answered, once its generation ended."""
 
     reply: Reply
+    #: the model's reasoning, split from the reply's content.
+    reasoning: str
     sampled: list[int]
     logprobs: list[float]
     backend_id: str | None
@@ -71,6 +74,7 @@ class Generation:
         self._one_call = parse_calls and isinstance(request, ChatRequest) and not request.parallel_tool_calls
         self._id_prefix = call_id_prefix
         self._content: list[str] = []
+        self._reasoned: list[str] = []
         self._calls: list[ToolCall] = []
         self.sampled: list[int] = []
         self.logprobs: list[float] = []
@@ -79,9 +83,10 @@ class Generation:
         #: an event of the answer went out (a streamed call that fails then leaves the record incomplete).
         self.yielded = False
         self._generated: Generated | None = None
-        # The forced opening of a call is read first: the model's ids continue it.
+        # The forced opening of a call is read first: the model's ids continue it (through the
+        # reasoning parser too, whose state follows what was written: a call's tag ends reasoning).
         forced = tokenizer.decode(forced_ids, skip_special_tokens=False) if forced_ids else ""
-        self._forced_events = self._events(self._tools.push(forced))
+        self._forced_events = self._split(self._reasoning.push(forced)) if forced else []
 
     @property
     def generated(self) -> Generated:
@@ -141,11 +146,12 @@ class Generation:
                 if request.stream and request.logprobs:
                     yield _sampled(self._tokenizer, item)
                 text, stop_string = self._stops.push(self._decoder.push(item.token_ids))
-                # Only the answer text goes on: no parser of today finds reasoning to show apart.
-                pieces = self._tools.push(self._reasoning.push(text).content)
+                split = self._reasoning.push(text)
+                thought = self._thought(split.reasoning)
+                pieces = self._tools.push(split.content)
                 if self._one_call:
                     pieces, cut_after_call = _through_first_call(pieces)
-                for event in self._events(pieces):
+                for event in [*thought, *self._events(pieces)]:
                     self.yielded = True
                     yield event
                 if stop_string is not None or cut_after_call:
@@ -159,8 +165,10 @@ class Generation:
         else:
             tail, hit = self._stops.push(self._decoder.flush(), final=stop_string is None)
             stop_string = stop_string or hit
-            rest = self._reasoning.push(tail).content + self._reasoning.finish().content
-            for event in self._events([*self._tools.push(rest), *self._tools.finish()]):
+            tail_split, last = self._reasoning.push(tail), self._reasoning.finish()
+            rest = tail_split.content + last.content
+            thought = self._thought(tail_split.reasoning + last.reasoning)
+            for event in [*thought, *self._events([*self._tools.push(rest), *self._tools.finish()])]:
                 self.yielded = True
                 yield event
         if stop_string is not None or cut_after_call:
@@ -179,6 +187,7 @@ class Generation:
         sampled = len(self.sampled)
         self._generated = Generated(
             reply=reply,
+            reasoning="".join(self._reasoned),
             sampled=self.sampled,
             logprobs=self.logprobs,
             backend_id=backend_id,
@@ -214,7 +223,17 @@ class Generation:
             token_texts=texts,
             prompt_ids=prompt_ids if isinstance(request, CompletionRequest) and request.prompt_ids else [],
             top_logprobs=top_texts,
+            reasoning=done.reasoning,
         )
+
+    def _thought(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        self._reasoned.append(text)
+        return [ReasoningDelta(text)]
+
+    def _split(self, split: Split) -> list[Event]:
+        return [*self._thought(split.reasoning), *self._events(self._tools.push(split.content))]
 
     def _events(self, pieces: list[Piece]) -> list[Event]:
         events: list[Event] = []

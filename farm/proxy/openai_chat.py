@@ -2,6 +2,8 @@
 
 Requests are read leniently (SDKs send fields the proxy has no use for: they are ignored), but a
 field the proxy cannot honour without lying (``n`` > 1, image content) is a 400 that names it.
+A reasoning model's reasoning is the message's ``reasoning_content`` (as vLLM returns it) and
+streams as ``reasoning_content`` deltas before the content's.
 Streaming follows the SDK's expectations: a first chunk with the role, content deltas, each tool
 call as a chunk with its index, id and name then its arguments, a last chunk with
 ``finish_reason``, a usage chunk with empty ``choices`` only when ``stream_options.include_usage``
@@ -21,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from farm.errors import ProxyError
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
 from farm.proxy.errors import validated
-from farm.proxy.events import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent, Usage
+from farm.proxy.events import Event, Finished, ReasoningDelta, Sampled, Started, TextDelta, ToolCallEvent, Usage
+from farm.proxy.toolschema import check_function
 from farm.proxy.wire import Answer, WireRequest
 
 WIRE = "openai.chat"
@@ -152,7 +155,9 @@ def parse(raw: Any) -> WireRequest:
             raise ProxyError(
                 400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", param=f"tools[{i}]"
             )
-        tools.append(Tool(name=fn["name"], description=fn.get("description"), parameters=fn.get("parameters") or {}))
+        parameters = {} if fn.get("parameters") is None else fn["parameters"]
+        check_function(parameters, name=fn["name"], param=f"tools[{i}].function.parameters")
+        tools.append(Tool(name=fn["name"], description=fn.get("description"), parameters=parameters))
     choice = body.tool_choice or "auto"
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
@@ -272,6 +277,8 @@ def response(done: Finished, *, model: str, completion_id: str, logprobs: bool) 
         "content": reply.content if reply.content.strip() or not reply.tool_calls else None,
         "refusal": None,
     }
+    if done.reasoning:
+        message["reasoning_content"] = done.reasoning
     if reply.tool_calls:
         message["tool_calls"] = _tool_calls(reply.tool_calls)
     return {
@@ -336,6 +343,8 @@ async def stream(
                 continue
             if isinstance(event, Sampled):
                 pending.extend(token_logprobs(event))
+            elif isinstance(event, ReasoningDelta):
+                yield chunk({"reasoning_content": event.text})
             elif isinstance(event, TextDelta):
                 if event.text:
                     yield chunk({"content": event.text}, logprobs=take())

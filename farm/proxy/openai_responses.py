@@ -11,7 +11,8 @@ hosted tool namespaces) are left out, since the policy's template has no way to 
 Streaming is the SDK's named events, each with a ``sequence_number``: ``response.created``,
 ``response.in_progress``, per output item ``response.output_item.added`` (and for text
 ``response.content_part.added``, ``response.output_text.delta``..., ``response.output_text.done``,
-``response.content_part.done``; for a call ``response.function_call_arguments.delta``/``.done``),
+``response.content_part.done``; for a reasoning model's ``reasoning`` item the same with
+``response.reasoning_text.delta``/``.done``; for a call ``response.function_call_arguments.delta``/``.done``),
 ``response.output_item.done``, and ``response.completed``; a failure is ``response.failed``.
 """
 
@@ -28,8 +29,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from farm.errors import ProxyError
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
 from farm.proxy.errors import validated
-from farm.proxy.events import Event, Finished, Sampled, Started, TextDelta, ToolCallEvent
+from farm.proxy.events import Event, Finished, ReasoningDelta, Sampled, Started, TextDelta, ToolCallEvent
 from farm.proxy.openai_chat import check_top_logprobs, error_body, text_of, token_logprobs
+from farm.proxy.toolschema import check_function
 from farm.proxy.wire import Answer, WireRequest
 
 WIRE = "openai.responses"
@@ -113,9 +115,9 @@ def parse(raw: Any) -> WireRequest:
             continue
         if not isinstance(tool.get("name"), str):
             raise ProxyError(400, f"tools[{i}]: a function tool needs a name", param=f"tools[{i}]")
-        tools.append(
-            Tool(name=tool["name"], description=tool.get("description"), parameters=tool.get("parameters") or {})
-        )
+        parameters = {} if tool.get("parameters") is None else tool["parameters"]
+        check_function(parameters, name=tool["name"], param=f"tools[{i}].parameters")
+        tools.append(Tool(name=tool["name"], description=tool.get("description"), parameters=parameters))
     choice = body.tool_choice or "auto"
     if isinstance(choice, dict):
         if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
@@ -200,6 +202,12 @@ def _logprobs(done: Finished, logprobs: bool) -> list[dict[str, Any]] | None:
     return token_logprobs(done) if logprobs else None
 
 
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    """A reasoning model's reasoning, as vLLM returns it: its text as ``reasoning_text`` content."""
+    content = [{"type": "reasoning_text", "text": text}] if status == "completed" else []
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+
+
 def _call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
     arguments = call.arguments if status == "completed" else ""
     return {
@@ -240,6 +248,8 @@ def response(
     done: Finished, *, model: str, response_id: str, echo: dict[str, Any], logprobs: bool = False
 ) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
+    if done.reasoning:
+        output.append(_reasoning_item(f"rs_{secrets.token_hex(12)}", done.reasoning, "completed"))
     if done.reply.content.strip() or not done.reply.tool_calls:
         lps = _logprobs(done, logprobs)
         output.append(_message_item(f"msg_{secrets.token_hex(12)}", done.reply.content, "completed", lps))
@@ -296,15 +306,47 @@ async def stream(
         text_id, text = None, ""
         return out
 
+    reasoning_id: str | None = None
+    reasoning = ""
+
+    def close_reasoning() -> list[bytes]:
+        nonlocal reasoning_id, reasoning
+        if reasoning_id is None:
+            return []
+        index, item = len(output), _reasoning_item(reasoning_id, reasoning, "completed")
+        where = {"item_id": reasoning_id, "output_index": index, "content_index": 0}
+        out = [
+            emit("response.reasoning_text.done", {**where, "text": reasoning}),
+            emit("response.content_part.done", {**where, "part": item["content"][0]}),
+            emit("response.output_item.done", {"output_index": index, "item": item}),
+        ]
+        output.append(item)
+        reasoning_id, reasoning = None, ""
+        return out
+
     try:
         async for event in events:
             if isinstance(event, Started):
                 continue
             if isinstance(event, Sampled):
                 pending.extend(token_logprobs(event))
+            elif isinstance(event, ReasoningDelta):
+                for chunk in close_text():
+                    yield chunk
+                if reasoning_id is None:
+                    reasoning_id = f"rs_{secrets.token_hex(12)}"
+                    where = {"item_id": reasoning_id, "output_index": len(output), "content_index": 0}
+                    added = _reasoning_item(reasoning_id, "", "in_progress")
+                    yield emit("response.output_item.added", {"output_index": len(output), "item": added})
+                    yield emit("response.content_part.added", {**where, "part": {"type": "reasoning_text", "text": ""}})
+                reasoning += event.text
+                where = {"item_id": reasoning_id, "output_index": len(output), "content_index": 0}
+                yield emit("response.reasoning_text.delta", {**where, "delta": event.text})
             elif isinstance(event, TextDelta):
                 if not event.text:
                     continue
+                for chunk in close_reasoning():
+                    yield chunk
                 if text_id is None:
                     text_id = f"msg_{secrets.token_hex(12)}"
                     index = len(output)
@@ -322,7 +364,7 @@ async def stream(
                 yield emit("response.output_text.delta", {**delta, "logprobs": pending[:]})
                 pending.clear()
             elif isinstance(event, ToolCallEvent):
-                for chunk in close_text():
+                for chunk in [*close_reasoning(), *close_text()]:
                     yield chunk
                 item_id, index = f"fc_{secrets.token_hex(12)}", len(output)
                 yield emit(
@@ -341,7 +383,7 @@ async def stream(
                 yield emit("response.output_item.done", {"output_index": index, "item": item})
                 output.append(item)
             else:
-                for chunk in close_text(event):
+                for chunk in [*close_reasoning(), *close_text(event)]:
                     yield chunk
                 if logprobs:
                     _attach_logprobs(output, _logprobs(event, logprobs))

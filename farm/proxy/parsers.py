@@ -1,19 +1,23 @@
 """The one place a call's tool-call and reasoning parsers are chosen, by the names vLLM uses.
 
-``choose`` picks the names for a trial (today every trial's model writes ``hermes`` calls and no
-reasoning of its own; a model family's template, a backend or a trial may name others). The
-registries map a name to its parser: a family's format is added here and in a module of its own
-(``farm.proxy.toolparse.<name>``, ``farm.proxy.reasoning``), and the core never branches on which.
+``choose`` picks the names for the model a proxy serves (one model per proxy, so every trial's):
+``proxy.tool_parser`` and ``proxy.reasoning_parser`` when set, else what the model's family says
+(``farm.llm.families``: ``proxy.family``, or the family whose published chat template the tokenizer
+carries), else ``hermes`` calls and no reasoning. The registries map a name to its parser: a
+family's format is added here and in a module of its own (``farm.proxy.toolparse.<name>``,
+``farm.proxy.reasoning_formats``), and the core never branches on which.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from farm.config import ProxySettings
 from farm.errors import ConfigError
-from farm.proxy.events import TrialContext
+from farm.llm.families import FAMILIES
 from farm.proxy.reasoning import NoReasoning, ReasoningParser
 from farm.proxy.reasoning_formats import (
     DeepSeekR1ReasoningParser,
@@ -54,6 +58,17 @@ REASONING_PARSERS: dict[str, Callable[[], ReasoningParser]] = {
     "glm45": Glm45ReasoningParser,
     "kimi_k2": KimiK2ReasoningParser,
 }
+#: the families' published chat templates (``farm.llm.families``), by ``template_key``; checked
+#: against the families cache by tests/unit/proxy/test_proxy_parser_choice.py.
+TEMPLATE_FAMILIES: dict[str, str] = {
+    "55b2f4a26ac9ee71": "qwen2.5",
+    "87a2728cb8dc9fe4": "qwen3",
+    "eae48a3307931acb": "qwen3-coder",
+    "93c0e9aa3629bbd7": "llama3",
+    "bbe594884b44d740": "deepseek-r1",
+    "a4aee8afcf2e0711": "qwen3.5",
+    "78d976a442bcde2f": "phi-3",
+}
 P = TypeVar("P")
 
 
@@ -65,9 +80,41 @@ class ParserNames:
     reasoning: str = "none"
 
 
-def choose(trial: TrialContext) -> ParserNames:
-    """The parsers for the trial's model (every model served today writes hermes calls)."""
-    return ParserNames()
+def template_key(chat_template: str) -> str:
+    """A chat template's key in ``TEMPLATE_FAMILIES`` (surrounding whitespace ignored)."""
+    return hashlib.sha256(chat_template.strip().encode()).hexdigest()[:16]
+
+
+def family_of(settings: ProxySettings, chat_template: str | None) -> str | None:
+    """The served model's family: ``settings.family``, else the one whose template it carries.
+
+    Raises:
+        ConfigError: ``settings.family`` names no family (the message lists them).
+    """
+    if settings.family is not None:
+        if settings.family not in FAMILIES:
+            raise ConfigError(f"proxy.family {settings.family!r} is not a family; known: {', '.join(FAMILIES)}")
+        return settings.family
+    if not isinstance(chat_template, str):  # none, or a dict of named templates
+        return None
+    return TEMPLATE_FAMILIES.get(template_key(chat_template))
+
+
+def choose(settings: ProxySettings, chat_template: str | None) -> ParserNames:
+    """The parsers that read the served model's answers (see the module docstring).
+
+    Raises:
+        ConfigError: a family or parser the settings name does not exist.
+    """
+    name = family_of(settings, chat_template)
+    family = FAMILIES[name] if name is not None else None
+    names = ParserNames(
+        tool_calls=settings.tool_parser or (family and family.tool_call_parser) or "hermes",
+        reasoning=settings.reasoning_parser or (family and family.reasoning_parser) or "none",
+    )
+    _make(TOOL_CALL_PARSERS, names.tool_calls, "tool-call")
+    _make(REASONING_PARSERS, names.reasoning, "reasoning")
+    return names
 
 
 def tool_call_parser(name: str, *, parse_calls: bool, tools: Tools | None = None) -> ToolCallParser:

@@ -113,3 +113,66 @@ def test_an_unknown_route_or_method_under_a_trial_s_base_url_is_an_error_both_sd
     claude = anthropic.Anthropic(base_url=trial["anthropic_base_url"], api_key=trial["key"], max_retries=0)
     with pytest.raises(anthropic.NotFoundError, match="no route .*/messages/batches"):
         claude.messages.batches.list()
+
+
+#: a tool whose schema has a type no JSON Schema knows (OpenAI and Anthropic answer it 400).
+NONSENSE = {"type": "object", "properties": {"command": {"type": "nonsense-type"}}}
+OK_TOOL = {"name": "ok", "parameters": {"type": "object"}}
+#: (route, body, the error's param or None (Anthropic has none), the start of its message)
+BAD_SCHEMAS: list[tuple[str, dict[str, Any], str | None, str]] = [
+    (
+        "chat/completions",
+        {
+            "messages": USER,
+            "tools": [{"type": "function", "function": f} for f in (OK_TOOL, {"name": "bash", "parameters": NONSENSE})],
+        },
+        "tools[1].function.parameters",
+        "Invalid schema for function 'bash' (tools[1].function.parameters): "
+        "In context=('properties', 'command'), 'type' 'nonsense-type'",
+    ),
+    (
+        "responses",
+        {
+            "input": "x",
+            "tools": [{"type": "function", **t} for t in (OK_TOOL, {"name": "bash", "parameters": NONSENSE})],
+        },
+        "tools[1].parameters",
+        "Invalid schema for function 'bash' (tools[1].parameters): "
+        "In context=('properties', 'command'), 'type' 'nonsense-type'",
+    ),
+    (
+        "messages",
+        {"messages": USER, "tools": [{"name": "ok", "input_schema": {}}, {"name": "bash", "input_schema": NONSENSE}]},
+        None,
+        "tools.1.custom.input_schema: JSON schema is invalid. It must match JSON Schema draft 2020-12",
+    ),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "param", "message"), BAD_SCHEMAS, ids=[r for r, *_ in BAD_SCHEMAS])
+def test_an_invalid_tool_schema_is_the_format_s_400_naming_the_tool_and_the_problem(
+    new_trial: Any, route: str, body: dict[str, Any], param: str | None, message: str
+) -> None:
+    trial = new_trial()
+    headers = {"Authorization": f"Bearer {trial['key']}"}
+    with httpx.Client(timeout=60) as http:
+        answer = http.post(
+            f"{trial['openai_base_url']}/{route}", json={"model": "m", "max_tokens": 4, **body}, headers=headers
+        )
+    assert answer.status_code == 400, answer.text
+    error = answer.json()
+    assert _shape_ok(route, error), error
+    assert error["error"]["message"].startswith(message), error
+    assert "bash" in error["error"]["message"] and "nonsense-type" in error["error"]["message"]
+    if param is None:
+        assert error == {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": error["error"]["message"]},
+        }
+    else:
+        assert error["error"] | {"message": ""} == {
+            "message": "",
+            "type": "invalid_request_error",
+            "param": param,
+            "code": "invalid_function_parameters",
+        }

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from farm.config import ProxySettings
 from farm.errors import ConfigError, ProxyError
 from farm.proxy.errors import CONTEXT_LENGTH
-from farm.proxy.events import TrialContext
 from farm.proxy.parsers import ParserNames, choose, reasoning_parser, tool_call_parser
 from farm.proxy.reasoning import Split
 from farm.proxy.routes import FORMATS
@@ -57,8 +57,8 @@ def test_wire_format_error_bodies_name_the_formats_own_fields() -> None:
     }
 
 
-def test_parsers_every_trial_reads_hermes_calls_and_no_reasoning() -> None:
-    assert choose(TrialContext(id="t", model="m", sampling={})) == ParserNames(tool_calls="hermes", reasoning="none")
+def test_parsers_a_model_of_no_known_family_writes_hermes_calls_and_no_reasoning() -> None:
+    assert choose(ProxySettings(), "{{ messages }}") == ParserNames(tool_calls="hermes", reasoning="none")
 
 
 def test_parsers_unknown_names_are_refused_with_the_known_ones() -> None:
