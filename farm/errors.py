@@ -4,6 +4,7 @@
 
     FarmError
     ├─ ConfigError                      settings or a plug-in is mis-configured
+    │   └─ FamiliesMissing              the model families cache is not set up (scripts/setup_families.sh)
     ├─ NotFound
     │   ├─ BatchNotFound, JobNotFound, TrajectoryNotFound
     │   ├─ TrialNotFound                (farm.trials) no trial has the id
@@ -86,6 +87,10 @@ class FarmError(Exception):
 
 class ConfigError(FarmError):
     """Settings or a plug-in are mis-configured."""
+
+
+class FamiliesMissing(ConfigError):
+    """The model families cache has not been set up (run scripts/setup_families.sh)."""
 
 
 class NotFound(FarmError):

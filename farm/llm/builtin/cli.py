@@ -100,7 +100,7 @@ def serve(
 def make_tiny_cmd(out_dir: Path, seed: int, context: int, family: str | None, families_dir: Path) -> None:
     """Write a tiny random model to OUT_DIR: a Llama with a locally trained tokenizer, or with
     --family, the family's own tokenizer, template and architecture."""
-    from farm.llm.builtin.family_tiny import FamiliesMissing
+    from farm.errors import FamiliesMissing
     from farm.llm.builtin.tiny import make_tiny
 
     try:

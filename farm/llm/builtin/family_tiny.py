@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from farm.errors import FamiliesMissing
 from farm.llm.families import Family, get_family, is_ready, template_path, vocab_path
 
 HIDDEN_SIZE = 64
@@ -41,10 +42,6 @@ MODEL_TYPES = {
     "Phi3ForCausalLM": "phi3",
     "Qwen3_5ForCausalLM": "qwen3_5_text",
 }
-
-
-class FamiliesMissing(RuntimeError):
-    """The families cache has not been set up (run scripts/setup_families.sh)."""
 
 
 def _require_cache(cache_dir: Path) -> None:

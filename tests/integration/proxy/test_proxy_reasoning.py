@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 
 WORD = "THINKTEST"
 ANSWER = "<think>\nplan\n</think>\n\nhello"
-PROMPT = [{"role": "user", "content": f"{WORD}: say hello"}]
+#: typed loosely: the SDKs each want their own message type.
+PROMPT: Any = [{"role": "user", "content": f"{WORD}: say hello"}]
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +79,13 @@ def test_chat_completions_reasoning_content(
     client = openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"])
     if streamed:
         reasoning, content = "", ""
-        for chunk in client.chat.completions.create(model="m", messages=PROMPT, max_tokens=64, stream=True):  # type: ignore[arg-type]
+        for chunk in client.chat.completions.create(model="m", messages=PROMPT, max_tokens=64, stream=True):
             if chunk.choices:
                 delta = chunk.choices[0].delta
                 reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
                 content += delta.content or ""
     else:
-        answer = client.chat.completions.create(model="m", messages=PROMPT, max_tokens=64)  # type: ignore[arg-type]
+        answer = client.chat.completions.create(model="m", messages=PROMPT, max_tokens=64)
         message = answer.choices[0].message
         reasoning, content = (message.model_extra or {})["reasoning_content"], message.content or ""
         assert answer.choices[0].finish_reason == "stop"
@@ -98,14 +99,14 @@ def test_responses_reasoning_item(api: httpx.Client, trial: dict[str, Any], stre
     if streamed:
         deltas = ""
         final: Any = None
-        for event in client.responses.create(model="m", input=PROMPT, max_output_tokens=64, stream=True):  # type: ignore[arg-type]
+        for event in client.responses.create(model="m", input=PROMPT, max_output_tokens=64, stream=True):
             if event.type == "response.reasoning_text.delta":
                 deltas += event.delta
             elif event.type == "response.completed":
                 final = event.response
         assert final is not None
     else:
-        final = client.responses.create(model="m", input=PROMPT, max_output_tokens=64)  # type: ignore[arg-type]
+        final = client.responses.create(model="m", input=PROMPT, max_output_tokens=64)
     item, message = final.output
     assert item.type == "reasoning" and item.content[0].type == "reasoning_text"
     if streamed:
@@ -117,14 +118,15 @@ def test_responses_reasoning_item(api: httpx.Client, trial: dict[str, Any], stre
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
 def test_anthropic_thinking_block(api: httpx.Client, trial: dict[str, Any], streamed: bool) -> None:
     client = anthropic.Anthropic(base_url=trial["anthropic_base_url"], api_key=trial["key"])
+    final: Any
     if streamed:
-        with client.messages.stream(model="m", max_tokens=64, messages=PROMPT) as stream:  # type: ignore[arg-type]
+        with client.messages.stream(model="m", max_tokens=64, messages=PROMPT) as stream:
             kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in stream]
             final = stream.get_final_message()
         assert ("content_block_delta", "thinking_delta") in kinds
         assert ("content_block_delta", "signature_delta") in kinds
     else:
-        final = client.messages.create(model="m", max_tokens=64, messages=PROMPT)  # type: ignore[arg-type]
+        final = client.messages.create(model="m", max_tokens=64, messages=PROMPT)
     thinking, text = final.content
     assert thinking.type == "thinking" and text.type == "text"
     assert thinking.signature  # the SDK's ThinkingBlock requires one; the harness echoes it back
@@ -136,5 +138,5 @@ def test_anthropic_thinking_block(api: httpx.Client, trial: dict[str, Any], stre
         {"role": "assistant", "content": [b.model_dump() for b in final.content]},
         {"role": "user", "content": "again"},
     ]
-    count = client.messages.count_tokens(model="m", messages=echo)  # type: ignore[arg-type]
+    count = client.messages.count_tokens(model="m", messages=echo)
     assert count.input_tokens > 0

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from farm.llm.builtin.family_tiny import FamiliesMissing
+from farm.errors import FamiliesMissing
 from farm.llm.builtin.tiny import make_tiny
 from farm.llm.families import FAMILIES, get_family, tokenizer_test_vectors
 from farm.llm.types import SamplingParams

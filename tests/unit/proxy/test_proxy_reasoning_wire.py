@@ -93,7 +93,9 @@ def test_chat_streams_reasoning_content_deltas_in_order() -> None:
     )
     deltas = [openai.types.chat.ChatCompletionChunk.model_validate(c).choices[0].delta for c in chunks]
     said = [
-        ("reasoning", d.model_extra["reasoning_content"]) if "reasoning_content" in (d.model_extra or {}) else d.content
+        ("reasoning", (d.model_extra or {})["reasoning_content"])
+        if "reasoning_content" in (d.model_extra or {})
+        else d.content
         for d in deltas
     ]
     assert said[:5] == ["", ("reasoning", "pl"), ("reasoning", "an"), "hi", ("reasoning", "again")]
