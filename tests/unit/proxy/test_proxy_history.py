@@ -13,14 +13,18 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from farm.config import Settings
+from farm.db.session import make_engine, make_session_factory, transaction
 from farm.errors import TemplateFork
 from farm.proxy.continuity import Renderer
 from farm.proxy.conversation import ChatRequest, Message, Tool, ToolCall
 from farm.proxy.events import TrialContext
 from farm.proxy.prepare import IdCache, Prepared, Preparer
 from farm.schemas.trials import TrialCreate
+from farm.trials import record, statements, store
 from farm.trials.statements import split_settings
 from farm.trials.values import Parent
+from tasks.harness.config import HarnessSpec
 
 TOOLS = [Tool(name="bash", parameters={"type": "object", "properties": {"cmd": {"type": "string"}}})]
 CALL = ToolCall(id="call_1", name="bash", arguments='{"cmd": "ls"}')
@@ -173,3 +177,26 @@ def test_history_is_exact_unless_the_trial_says_template() -> None:
     # A trial made before the policy existed stored none: the default.
     assert split_settings({"temperature": 1.0}) == ({"temperature": 1.0}, "exact")
     assert split_settings({"temperature": 1.0, "history": "template"}) == ({"temperature": 1.0}, "template")
+
+
+@pytest.mark.parametrize("history", [None, "template"])
+def test_history_round_trips_through_the_trial(db_url: str, history: str | None) -> None:
+    engine = make_engine(Settings(), url=db_url)
+    sessions = make_session_factory(engine)
+    try:
+        with transaction(sessions) as session:
+            trial, key = store.new_trial(session, trial_id=None, model="m", sampling={"top_p": 0.5}, history=history)
+            summary = record.summary(trial)
+        with engine.connect() as conn:
+            found = statements.credentials(conn, summary["id"])
+    finally:
+        engine.dispose()
+    # The policy rides with the sampling settings, and is read back apart from them.
+    assert summary["sampling"] == {"top_p": 0.5} and summary["history"] == (history or "exact")
+    assert found is not None and found.sampling == {"top_p": 0.5} and found.history == (history or "exact")
+
+
+def test_history_of_a_harness_job_is_in_its_harness_spec() -> None:
+    assert HarnessSpec().history == "exact" and HarnessSpec(history="template").history == "template"
+    with pytest.raises(ValidationError):
+        HarnessSpec(history="rewrite")  # type: ignore[arg-type]
