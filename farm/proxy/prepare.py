@@ -276,8 +276,12 @@ def _extend(
     Raises:
         TemplateFork: the call cannot extend its parent under that policy (a new segment).
     """
-    if trial.history != "exact":
+    # Where the template rewrites nothing, both policies are its delta (the same ids either way).
+    try:
         return renderer.delta(messages, request.tools, covered=parent.covered, last_sampled_id=parent.last_sampled_id)
+    except TemplateFork:
+        if trial.history != "exact":
+            raise
     found = renderer.exact_delta(
         messages, request.tools, covered=parent.covered, last_sampled_id=parent.last_sampled_id
     )
