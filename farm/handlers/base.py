@@ -174,8 +174,9 @@ class Trials(Protocol):
         """The Unix socket of this node's proxy (``proxy.socket``), or None when none is configured."""
         ...
 
-    def open(self, *, job_id: int, attempt: int, sampling: dict[str, Any]) -> OpenTrial:
-        """A new trial for this attempt of the job; ``sampling`` overrides what the harness asks for."""
+    def open(self, *, job_id: int, attempt: int, sampling: dict[str, Any], history: str = "exact") -> OpenTrial:
+        """A new trial for this attempt of the job; ``sampling`` overrides what the harness asks for,
+        ``history`` is its history policy (``farm.schemas.trials.TrialHistory``)."""
         ...
 
     def close(self, trial_id: str) -> TrialRecordData:

@@ -9,6 +9,17 @@ prompt. The reply is never re-rendered or re-tokenized, so the prompt is what th
 Where that cannot hold, the call starts a new *segment* from a fresh rendering, and its
 certificate entry says why. History is never silently rewritten.
 
+Some templates rewrite history: Qwen3's renders a reply that is the last message with an empty
+``<think>\n\n</think>\n\n`` block and drops it (and any reasoning) once more follows. A trial's
+``history`` policy says what then happens (``farm.schemas.trials.TrialHistory``):
+
+- ``exact`` (``Renderer.exact_delta``): the parent's ids are kept as the model sampled them, and only
+  the template's rendering of the new messages is appended: one segment. The entry counts the tokens
+  the template would have dropped from the reply and written instead (``template_dropped_tokens``,
+  ``template_inserted_tokens``);
+- ``template`` (``Renderer.delta``): the prompt is what the template renders; where that is not the
+  parent's ids + more, the call starts a segment, and the entry says so.
+
 Each call's certificate entry (``Continuity.as_dict``) says: whether it extended its parent,
 which call that was, how many tokens were reused and how many the template inserted, and for a
 new segment the reason and the message index where the history diverged.
@@ -52,6 +63,11 @@ class Continuity:
     #: ids appended to the prompt to enforce a tool choice (not sampled), and why.
     forced_prefix_tokens: int = 0
     forced_prefix_reason: str | None = None
+    #: the trial's history policy, where the template rewrote the history (None: it did not).
+    history: str | None = None
+    #: under ``exact``: ids of the parent's reply the template would not show, and ids it writes instead.
+    template_dropped_tokens: int = 0
+    template_inserted_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -65,7 +81,47 @@ class Continuity:
             out["notes"] = list(self.notes)
         if self.forced_prefix_tokens:
             out.update(forced_prefix_tokens=self.forced_prefix_tokens, forced_prefix_reason=self.forced_prefix_reason)
+        if self.history is not None:
+            out["history"] = self.history
+            if self.reason is None:
+                out.update(
+                    template_dropped_tokens=self.template_dropped_tokens,
+                    template_inserted_tokens=self.template_inserted_tokens,
+                )
         return out
+
+
+@dataclass(frozen=True)
+class ExactDelta:
+    """What ``Renderer.exact_delta`` appends to the parent's ids, and how the template would have
+    written the parent's reply instead (None: the template renders it where the model's ids are)."""
+
+    ids: list[int]
+    #: the template's ids for the reply as it renders it now, before the new messages (None: unknown,
+    #: the template also renders turns before the reply differently).
+    reply_as_rendered: list[int] | None
+    #: False when the template renders the history as the parent's prompt and reply, the new part after.
+    rewritten: bool
+    #: the parent's last sampled id ended its turn where the template writes that end (not appended again).
+    turn_ended: bool
+
+    def rewrite(self, end_ids: Sequence[int], sampled: int) -> tuple[int, int] | None:
+        """(ids of the reply the template would drop, ids it would write instead), from the parent's
+        ``end_ids`` of which the last ``sampled`` were sampled; None when not known.
+
+        The two are aligned from the end: what the template writes before the reply's common tail
+        with the model's ids is what it changed (Qwen3: the ``<think>`` block). Forced ids (a
+        ``tool_choice`` prefill) precede the sampled ones in ``end_ids`` and so align as they are.
+        """
+        rendered = self.reply_as_rendered
+        if rendered is None:
+            return None
+        ids = list(end_ids[:-1] if self.turn_ended and end_ids else end_ids)
+        reply = sampled - (1 if self.turn_ended and sampled else 0)
+        common = 0
+        while common < min(len(rendered), len(ids)) and rendered[-1 - common] == ids[-1 - common]:
+            common += 1
+        return max(0, reply - common), len(rendered) - common
 
 
 class Renderer:
@@ -131,6 +187,51 @@ class Renderer:
         if not full.startswith(with_reply):
             raise TemplateFork("the template renders the earlier turns differently once the new messages follow")
         return self.encode(after_reply + full[len(with_reply) :])
+
+    def exact_delta(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Tool],
+        *,
+        covered: int,
+        last_sampled_id: int | None,
+    ) -> ExactDelta:
+        """Ids to append to the parent's ids for ``messages``, whatever the template does to earlier turns.
+
+        The new messages' text is the template's, in their place: the whole history rendered with a
+        sentinel for the reply, from just after the sentinel (the end of the reply's turn, the new
+        messages, the generation prompt). It must also end the history as rendered with the reply
+        itself, so a template that writes the new messages differently after this reply (after a tool
+        call, say) is caught rather than given text it would not write there.
+
+        Raises:
+            TemplateFork: the template writes the new messages differently after this reply, or its
+                text for them cannot be told apart.
+        """
+        earlier, added = list(messages[: covered - 1]), list(messages[covered:])
+        probe = self.render(
+            [*earlier, Message(role="assistant", content=SENTINEL), *added], tools, generation_prompt=True
+        )
+        at = probe.find(SENTINEL)
+        full = self.render(messages, tools, generation_prompt=True)
+        tail = probe[at + len(SENTINEL) :] if at >= 0 else ""
+        if at < 0 or not full.endswith(tail):
+            raise TemplateFork("the template renders the new messages differently after this reply")
+        written, turn_ended = tail, False
+        if last_sampled_id in self.special_ids:
+            marker = self.tokenizer.decode([last_sampled_id], skip_special_tokens=False)
+            if marker and written.startswith(marker):
+                written, turn_ended = written[len(marker) :], True
+        prompted = self.render(earlier, tools, generation_prompt=True)
+        reply = full[len(prompted) : len(full) - len(tail)] if full.startswith(prompted) else None
+        with_reply = self.render(messages[:covered], tools, generation_prompt=False)
+        rewritten = not (full.startswith(with_reply) and probe.startswith(prompted))
+        return ExactDelta(
+            ids=self.encode(written),
+            reply_as_rendered=self.encode(reply) if reply is not None else None,
+            rewritten=rewritten,
+            turn_ended=turn_ended,
+        )
 
     def call_opening(self, messages: Sequence[Message], tools: Sequence[Tool], *, name: str | None) -> list[int]:
         """Ids that open an assistant tool call after the generation prompt for ``messages``.

@@ -161,7 +161,7 @@ class ProxyCore:
                 raise Unauthorized(f"this key does not open trial {trial_id!r}")
             if found.ended:
                 raise TrialEnded(f"trial {trial_id!r} has ended", trial_id=trial_id)
-            return TrialContext(id=trial_id, model=found.model, sampling=dict(found.sampling))
+            return TrialContext(id=trial_id, model=found.model, sampling=dict(found.sampling), history=found.history)
 
         ctx = await self._in_thread(load)
         if len(self._keys) > 100_000:

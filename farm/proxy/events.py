@@ -17,6 +17,8 @@ class TrialContext:
     id: str
     model: str
     sampling: dict[str, Any]
+    #: its history policy (``farm.schemas.trials.TrialHistory``).
+    history: str = "exact"
 
 
 @dataclass(frozen=True)

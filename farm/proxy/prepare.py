@@ -122,15 +122,14 @@ class Preparer:
                 with self.recorder.reading() as conn:
                     parent_ids = statements.end_ids(conn, trial.id, parent.seq)
             try:
-                delta = renderer.delta(
-                    messages, request.tools, covered=parent.covered, last_sampled_id=parent.last_sampled_id
-                )
+                delta = _extend(renderer, trial, messages, request, parent, parent_ids, continuity)
             except TemplateFork as exc:
                 continuity.reason, continuity.diverged_at, continuity.compared_with = (
                     str(exc),
                     parent.covered,
                     parent.seq,
                 )
+                continuity.history = trial.history
                 parent = None
             else:
                 prompt = np.concatenate([parent_ids, np.asarray(delta, dtype=np.int32)])
@@ -261,6 +260,39 @@ def with_tool_names(messages: list[Message]) -> list[Message]:
             m = m.model_copy(update={"name": names[m.tool_call_id]})
         out.append(m)
     return out
+
+
+def _extend(
+    renderer: Renderer,
+    trial: TrialContext,
+    messages: list[Message],
+    request: ChatRequest,
+    parent: Parent,
+    parent_ids: np.ndarray,
+    continuity: Continuity,
+) -> list[int]:
+    """The ids a call that extends ``parent`` appends to its ids, as the trial's history policy says.
+
+    Raises:
+        TemplateFork: the call cannot extend its parent under that policy (a new segment).
+    """
+    # Where the template rewrites nothing, both policies are its delta (the same ids either way).
+    try:
+        return renderer.delta(messages, request.tools, covered=parent.covered, last_sampled_id=parent.last_sampled_id)
+    except TemplateFork:
+        if trial.history != "exact":
+            raise
+    found = renderer.exact_delta(
+        messages, request.tools, covered=parent.covered, last_sampled_id=parent.last_sampled_id
+    )
+    if found.rewritten:
+        continuity.history = "exact"
+        counts = found.rewrite(parent_ids.tolist(), parent.sampled_tokens or 0)
+        if counts is None:
+            continuity.notes.append("the template renders turns before the reply differently too: not counted")
+        else:
+            continuity.template_dropped_tokens, continuity.template_inserted_tokens = counts
+    return found.ids
 
 
 def _force_call(renderer: Renderer, messages: list[Message], request: ChatRequest, continuity: Continuity) -> list[int]:

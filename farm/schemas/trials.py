@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
@@ -11,6 +11,14 @@ from farm.schemas.stages import TrajectoryData
 
 #: a trial id appears in the proxy's URLs.
 TRIAL_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+
+#: what a call's prompt is when the chat template renders earlier turns differently once more follows
+#: them (Qwen3 drops past reasoning): ``exact`` keeps every id the model sampled and appends the
+#: template's rendering of the new messages (one segment); ``template`` is what the template renders
+#: (a new segment where that differs). docs/proxy.md#history-exact-or-template says why ``exact`` is the default.
+TrialHistory = Literal["exact", "template"]
+HISTORY_POLICIES: tuple[str, ...] = get_args(TrialHistory)
+DEFAULT_HISTORY: TrialHistory = "exact"
 
 
 class TrialSampling(BaseModel):
@@ -40,6 +48,11 @@ class TrialCreate(BaseModel):
     job_id: StrictInt | None = Field(default=None, ge=1, le=2**63 - 1, description="the job whose rollout this is")
     model: str | None = Field(default=None, min_length=1, max_length=500, description="the model name to list")
     sampling: TrialSampling = Field(default_factory=TrialSampling)
+    history: TrialHistory = Field(
+        default=DEFAULT_HISTORY,
+        description="exact: every sampled id is kept and only the new messages are rendered (one segment); "
+        "template: the prompt is what the chat template renders (a new segment where it rewrites earlier turns)",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -57,6 +70,7 @@ class TrialOut(BaseModel):
     job_id: int | None
     model: str
     sampling: dict[str, Any]
+    history: TrialHistory = DEFAULT_HISTORY
     calls: int
     segments: int
     created_at: str

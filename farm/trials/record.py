@@ -19,6 +19,7 @@ import numpy as np
 
 from farm.db.arrays import FLOAT32, INT32
 from farm.db.models import Trial, TrialCall
+from farm.trials.statements import split_settings
 
 
 @dataclass
@@ -115,11 +116,13 @@ def segments(calls: list[TrialCall]) -> list[Segment]:
 
 
 def summary(trial: Trial) -> dict[str, Any]:
+    sampling, history = split_settings(trial.sampling)
     return {
         "id": trial.id,
         "job_id": trial.job_id,
         "model": trial.model,
-        "sampling": trial.sampling,
+        "sampling": sampling,
+        "history": history,
         "calls": trial.calls,
         "segments": trial.segments,
         "created_at": trial.created_at.isoformat(),

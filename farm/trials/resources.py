@@ -34,7 +34,7 @@ class TrialResources:
     def socket(self) -> Path | None:
         return self._settings.proxy.socket
 
-    def open(self, *, job_id: int, attempt: int, sampling: dict[str, Any]) -> OpenTrial:
+    def open(self, *, job_id: int, attempt: int, sampling: dict[str, Any], history: str = "exact") -> OpenTrial:
         with transaction(self._sessions) as session:
             trial, key = store.new_trial(
                 session,
@@ -42,6 +42,7 @@ class TrialResources:
                 model=self._settings.llm.builtin_model_name,
                 job_id=job_id,
                 sampling=sampling,
+                history=history,
             )
             return OpenTrial(id=trial.id, key=key, model=trial.model)
 

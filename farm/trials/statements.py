@@ -24,7 +24,11 @@ from farm.db.arrays import FLOAT32, INT32
 from farm.db.base import utcnow
 from farm.db.models import DONE_CHILD_INDEX, Trial, TrialCall
 from farm.errors import TrialEnded, TrialNotFound
+from farm.schemas.trials import DEFAULT_HISTORY
 from farm.trials.values import CallFinish, CallStart, CompletionEnd, Credentials, LatestCall, Parent
+
+#: the key of a trial's history policy in its stored settings (``split_settings``).
+HISTORY_KEY = "history"
 
 TRIALS, CALLS = cast(Table, Trial.__table__), cast(Table, TrialCall.__table__)
 
@@ -38,9 +42,24 @@ def credentials(conn: Connection, trial_id: str) -> Credentials | None:
     row = conn.execute(CREDENTIALS, {"trial_id": trial_id}).one_or_none()
     if row is None:
         return None
+    sampling, history = split_settings(row.sampling)
     return Credentials(
-        key_sha256=row.key_sha256, model=row.model, sampling=row.sampling, ended=row.ended_at is not None
+        key_sha256=row.key_sha256,
+        model=row.model,
+        sampling=sampling,
+        ended=row.ended_at is not None,
+        history=history,
     )
+
+
+def split_settings(stored: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """A trial's stored settings (the ``sampling`` column) as its sampling and its history policy.
+
+    The policy rides in that JSON under ``HISTORY_KEY`` (no column of its own); a trial made before
+    it existed has none and gets the default.
+    """
+    sampling = dict(stored or {})
+    return sampling, str(sampling.pop(HISTORY_KEY, DEFAULT_HISTORY))
 
 
 # A call's end_hash is the chained hash of its request's messages plus its reply, so a call whose
@@ -56,6 +75,7 @@ def _parent_query(among_hashes: Any) -> Any:
             func.substr(
                 CALLS.c.sampled_ids, func.length(CALLS.c.sampled_ids) - (INT32.itemsize - 1), INT32.itemsize
             ).label("last_sampled"),
+            func.length(CALLS.c.sampled_ids).label("sampled_bytes"),
             CALLS.c.started_at,
         )
         .where(CALLS.c.trial_id == bindparam("trial_id"), CALLS.c.state == "done", among_hashes)
@@ -87,6 +107,7 @@ def parent_of(row: Any, hash_size: int) -> Parent:
         segment=row.segment,
         covered=row.hash_bytes // hash_size + 1,
         last_sampled_id=int(np.frombuffer(last, dtype=INT32)[0]) if len(last) == INT32.itemsize else None,
+        sampled_tokens=(row.sampled_bytes or 0) // INT32.itemsize,
         started_at=row.started_at,
     )
 

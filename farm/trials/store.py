@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from farm.db.base import utcnow
 from farm.db.models import Job, Trial, TrialCall
 from farm.errors import Conflict, NotFound, TrialNotFound
-from farm.trials.statements import fail_call
+from farm.trials.statements import HISTORY_KEY, fail_call
 
 KEY_PREFIX = "farm-trial-"
 
@@ -37,8 +37,12 @@ def new_trial(
     job_id: int | None = None,
     sampling: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
+    history: str | None = None,
 ) -> tuple[Trial, str]:
     """Add a trial; returns it and its secret key (shown once: only its hash is stored).
+
+    ``history`` (``farm.schemas.trials.TrialHistory``; None: the default) is kept with the sampling
+    settings (``statements.split_settings`` reads it back).
 
     Raises:
         NotFound: there is no job ``job_id``.
@@ -55,7 +59,7 @@ def new_trial(
         key_sha256=hash_key(key),
         job_id=job_id,
         model=model,
-        sampling=sampling or {},
+        sampling={**(sampling or {}), **({HISTORY_KEY: history} if history is not None else {})},
         meta=meta or {},
         calls=0,
         segments=0,

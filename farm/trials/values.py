@@ -17,6 +17,8 @@ class Credentials:
     model: str
     sampling: dict[str, Any]
     ended: bool
+    #: the trial's history policy (``farm.proxy.continuity.HISTORY_POLICIES``).
+    history: str = "exact"
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class Parent:
     segment: int
     covered: int
     last_sampled_id: int | None
+    #: how many ids it sampled (the end of its ids; None: not read).
+    sampled_tokens: int | None = None
     #: when the call began: with the seq, it names this call and no call of an earlier trial of
     #: the same id (a trial deleted and made again, or reset, numbers its calls from 0 again).
     started_at: datetime | None = None

@@ -93,7 +93,9 @@ class HarnessHandler(TaskHandler[HarnessConfig, HarnessState]):
         sampling = ctx.sampling.model_dump(exclude_unset=True)
         if sampling.get("seed") is not None:
             sampling["seed"] = ctx.seed
-        trial = await asyncio.to_thread(ctx.trials.open, job_id=ctx.job_id, attempt=ctx.attempt, sampling=sampling)
+        trial = await asyncio.to_thread(
+            ctx.trials.open, job_id=ctx.job_id, attempt=ctx.attempt, sampling=sampling, history=config.harness.history
+        )
         try:
             instruction = inner.messages(inner_config, inner_state, [])[-1]["content"]
             launch = presets.launch(config.harness, _endpoint(trial), instruction=instruction, workdir=sandbox.workdir)

@@ -157,6 +157,7 @@ def test_trials_a_call_that_extends_a_finished_one_finds_it_as_its_parent(
         segment=0,
         covered=2,
         last_sampled_id=9,
+        sampled_tokens=3,
         started_at=parent.started_at,
     )
     assert _finish(engine, trial_id, second, parent, reply2, on_loop=on_loop)

@@ -51,6 +51,7 @@ def create_trial(body: TrialCreate, state: State, request: Request) -> TrialCrea
             job_id=body.job_id,
             sampling=body.sampling.model_dump(exclude_none=True),
             meta=body.metadata,
+            history=body.history,
         )
         trial_id = trial.id
     base = str(request.base_url).rstrip("/")
