@@ -173,7 +173,7 @@ def test_history_is_exact_unless_the_trial_says_template() -> None:
     assert TrialCreate().history == "exact"
     assert TrialCreate(history="template").history == "template"
     with pytest.raises(ValidationError):
-        TrialCreate(history="rewrite")  # type: ignore[arg-type]
+        TrialCreate(history="rewrite")
     # A trial made before the policy existed stored none: the default.
     assert split_settings({"temperature": 1.0}) == ({"temperature": 1.0}, "exact")
     assert split_settings({"temperature": 1.0, "history": "template"}) == ({"temperature": 1.0}, "template")
@@ -199,4 +199,4 @@ def test_history_round_trips_through_the_trial(db_url: str, history: str | None)
 def test_history_of_a_harness_job_is_in_its_harness_spec() -> None:
     assert HarnessSpec().history == "exact" and HarnessSpec(history="template").history == "template"
     with pytest.raises(ValidationError):
-        HarnessSpec(history="rewrite")  # type: ignore[arg-type]
+        HarnessSpec(history="rewrite")
