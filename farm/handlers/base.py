@@ -26,6 +26,7 @@ from typing_extensions import TypeVar
 from farm.constants import Stage
 from farm.errors import FarmError, InvalidSpec
 from farm.schemas import EvalResult, RunResult, SamplingParams, TrajectoryData, TrialRecordData
+from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
 
 if TYPE_CHECKING:  # types only: importing this module must not load sandboxes or the LLM layer
     from farm.llm.trajectory import ChatTokenizer
@@ -209,6 +210,9 @@ class StageContext:
     seed: int | None
     #: time.monotonic() after which the stage must give up (agent_timeout for RUN).
     deadline: float
+    #: the batch's history policy (``farm.schemas.trials.TrialHistory``): what the next prompt is when
+    #: the chat template rewrites earlier turns; the built-in loop and harness trials both follow it.
+    history: TrialHistory = DEFAULT_HISTORY
     #: true once the job's batch was cancelled: agent loops check it every turn.
     is_cancelled: Callable[[], bool] = lambda: False
     #: LLM sessions and the policy's tokenizer.

@@ -41,7 +41,7 @@ from farm.schemas.batches import (
 )
 from farm.schemas.jobs import GroupResult, GroupsPage, JobOut, JobResult, ResultsPage, StageRunOut, TrajectoryOut
 from farm.schemas.overview import ErrorOut, Health, Overview, QueueOut, WorkerOut
-from farm.schemas.stages import EvalResult, RunResult, TrajectoryData
+from farm.schemas.stages import EvalResult, RunResult, SegmentData, TrajectoryData
 from farm.schemas.tasks import HandlerInfo, ShippedTask, TaskSet
 from farm.schemas.trials import (
     TRIAL_ID_PATTERN,
@@ -98,6 +98,7 @@ __all__ = [
     "ResultsPage",
     "RunResult",
     "SamplingParams",
+    "SegmentData",
     "SegmentOut",
     "ShippedTask",
     "StageRunOut",

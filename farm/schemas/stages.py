@@ -10,8 +10,9 @@ from farm.constants import Outcome
 from farm.schemas.arrays import VersionSpan
 
 
-class TrajectoryData(BaseModel):
-    """What a handler's RUN produces: the token-exact episode."""
+class SegmentData(BaseModel):
+    """One token sequence in which every model turn extended the one before: what the model saw and
+    sampled, ids exactly as the backend returned them."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -19,7 +20,6 @@ class TrajectoryData(BaseModel):
     turn_offsets: list[int] = Field(default_factory=list)
     #: which weights sampled which tokens (see ``VersionSpan``); empty when nothing was sampled.
     weight_versions: list[VersionSpan] = Field(default_factory=list)
-    info: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("loss_mask")
     @classmethod
@@ -29,7 +29,7 @@ class TrajectoryData(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _one_entry_per_token(self) -> TrajectoryData:
+    def _one_entry_per_token(self) -> SegmentData:
         n = len(self.token_ids)
         if len(self.logprobs) != n or len(self.loss_mask) != n:
             raise ValueError(
@@ -42,6 +42,19 @@ class TrajectoryData(BaseModel):
                 raise ValueError(f"weight_versions: span {[version, start, end]} is not in order within {n} tokens")
             at = end
         return self
+
+
+class TrajectoryData(SegmentData):
+    """What a handler's RUN produces: the token-exact episode.
+
+    The arrays are the episode's main segment (the one holding its last model turn). An episode whose
+    chat template rewrote earlier turns under the ``template`` history policy has more than one
+    segment: the others are in ``segments``, in the order they were made, so a trainer gets every id
+    the model sampled (docs/proxy.md#history-exact-or-template).
+    """
+
+    info: dict[str, Any] = Field(default_factory=dict)
+    segments: list[SegmentData] = Field(default_factory=list)
 
 
 class RunResult(BaseModel):
