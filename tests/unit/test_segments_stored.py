@@ -17,7 +17,8 @@ from farm.constants import Stage
 from farm.db import batches, reads
 from farm.db.arrays import pack_segments, segment_data, unpack_segments
 from farm.db.base import utcnow
-from farm.db.jobs import claims, completions
+from farm.db.jobs import attempts, claims, completions
+from farm.db.models import Trajectory
 from farm.db.session import transaction
 from farm.schemas import BatchCreate, EvalResult, RunResult, SegmentData, TrajectoryData
 
@@ -125,8 +126,6 @@ def test_a_one_segment_trajectory_stores_no_segments(sessions):
     evaluation = run_to_eval(sessions, MAIN.model_copy(update={"segments": []}))
     assert evaluation.trajectory is not None and evaluation.trajectory.segments == []
     with sessions() as s:
-        from farm.db.models import Trajectory
-
         assert s.get_one(Trajectory, evaluation.job_id).segments is None
 
 
@@ -161,3 +160,18 @@ def test_a_binary_page_without_segments_has_no_segments_key(sessions):
     assert b'"segments"' not in bytes(pieces[0])  # what older clients read, byte for byte as before
     (traj,) = [r.trajectory for r in decode_page(b"".join(pieces)).items if r.trajectory is not None]
     assert traj.segments == [] and to_arrays([traj], segments="all")["trajectory_index"].tolist() == [0]
+
+
+def test_a_rerun_of_run_overwrites_the_segments_an_earlier_attempt_left(sessions):
+    job_id, _ = make_batch(sessions)
+    complete(sessions, claim(sessions, job_id, Stage.INIT), completions.StageOutput(init_state={}))
+    run = claim(sessions, job_id, Stage.RUN)
+    with transaction(sessions) as s:  # an earlier attempt's trajectory, of three segments
+        attempts.save_trajectory(s.connection(), job_id, RunResult(trajectory=MAIN))
+    complete(
+        sessions,
+        run,
+        completions.StageOutput(run_result=RunResult(trajectory=TrajectoryData(**SEGMENTS[0].model_dump()))),
+    )
+    with sessions() as s:
+        assert s.get_one(Trajectory, job_id).segments is None
