@@ -17,10 +17,12 @@ import pytest
 
 from farm.client import FarmClient, to_arrays
 from farm.embedded import EmbeddedStack
-from farm.schemas import JobResult, TrajectoryOut
+from farm.schemas import JobResult, TrajectoryOut, TrajectorySegmentOut
 from tests.integration.conftest import scripted_stack
 
-pytestmark = pytest.mark.integration
+#: A stack of its own with the qwen3 model, two harness jobs in bwrap sandboxes: ~70 s on an idle
+#: machine, past the default 120 s limit on a busy one.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(360)]
 
 WORD = "SEGMENTSTEST"
 TURNS = [
@@ -84,9 +86,10 @@ def harness_task(history: str | None = None) -> dict[str, Any]:
 
 def segments_of(traj: TrajectoryOut) -> list[tuple[list[int], list[int], list[float]]]:
     """Every segment of a trajectory (the others oldest first, then the main one), as lists."""
+    every: list[TrajectorySegmentOut | TrajectoryOut] = [*traj.segments, traj]
     return [
         (np.asarray(s.token_ids).tolist(), np.asarray(s.loss_mask).tolist(), np.asarray(s.logprobs).tolist())
-        for s in [*traj.segments, traj]
+        for s in every
     ]
 
 
@@ -102,7 +105,7 @@ def test_a_template_batch_returns_every_segment_and_a_harness_config_overrides_i
         batch = client.submit([harness_task(), harness_task("exact")], history="template")
         assert client.status(batch.id).history == "template"
         results: dict[str, list[JobResult]] = {
-            enc: sorted(client.results(batch.id, encoding=enc), key=lambda r: r.job.group_index)  # type: ignore[arg-type]
+            enc: sorted(client.results(batch.id, encoding=enc), key=lambda r: r.job.group_index)
             for enc in ("binary", "json")
         }
     for result in results["json"]:
@@ -141,7 +144,8 @@ def test_a_template_batch_returns_every_segment_and_a_harness_config_overrides_i
         for row, (ids, mask, logprobs) in enumerate(stored):
             n = len(ids)
             assert rows["input_ids"][row, -n:].tolist() == ids and rows["loss_mask"][row, -n:].tolist() == mask
-            np.testing.assert_allclose(rows["old_logprobs"][row, -n:], np.asarray(logprobs) * np.asarray(mask))
+            expected = np.asarray(logprobs, dtype=np.float32) * np.asarray(mask, dtype=np.float32)
+            np.testing.assert_allclose(np.asarray(rows["old_logprobs"][row, -n:], dtype=np.float32), expected)
     # The default is unchanged: one row per trajectory, its main segment.
     main_rows = to_arrays([template, exact])
     assert main_rows["lengths"].tolist() == [template.num_tokens, exact.num_tokens]
