@@ -6,7 +6,8 @@ The layout (docs/api.md, "Binary results pages"):
     bytes 0-3     RESULTS_MAGIC, b"FRP1"
     bytes 4-7     H, the header's length in bytes (uint32, little-endian)
     bytes 8-8+H   the header: UTF-8 JSON, the JSON page's fields, with each trajectory's
-                  ``encoding`` "binary" and its token_ids, logprobs and loss_mask as
+                  ``encoding`` "binary" and its token_ids, logprobs and loss_mask (and those of
+                  each of its ``segments``, a key present only when it has some) as
                   {"dtype", "offset", "length"}; padded with spaces so the data starts aligned
     then          the data: each array's little-endian bytes, at ``offset`` bytes from the
                   data's start, ``length`` elements long, every one at a multiple of RESULTS_ALIGN
@@ -24,7 +25,7 @@ import pydantic_core
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from farm.db.arrays import unpack_ids
+from farm.db.arrays import unpack_ids, unpack_segments
 from farm.db.reads import ResultRows
 from farm.schemas import RESULTS_ALIGN, RESULTS_MAGIC, RESULTS_MEDIA_TYPE, ArrayDtype
 
@@ -106,6 +107,18 @@ def binary_page(rows: ResultRows, *, after: int) -> list[bytes | memoryview]:
                 "timings": row.timings,
                 "info": row.info,
             }
+            if row.segments:  # absent, not empty, where there are none: old readers and the common case pay nothing
+                traj["segments"] = [
+                    {
+                        "num_tokens": len(seg.loss_mask),
+                        "token_ids": put(seg.token_ids, "int32", 4),
+                        "logprobs": put(seg.logprobs, "float32", 4),
+                        "loss_mask": put(seg.loss_mask, "uint8", 1),
+                        "turn_offsets": seg.turn_offsets,
+                        "weight_versions": seg.weight_versions,
+                    }
+                    for seg in unpack_segments(row.segments)
+                ]
         items.append({"seq": seq, "job": job, "trajectory": traj})
     header = {
         "items": items,

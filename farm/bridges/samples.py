@@ -8,12 +8,13 @@ between them (tool results and the next generation prompts: mask 0, logprob 0).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from farm.client.arrays import decode_trajectory
+from farm.client.arrays import TrajectoryArrays, decode_trajectory
 from farm.constants import POLICY_OUTCOMES
 from farm.errors import SampleFailed
 from farm.schemas import JobResult
@@ -32,10 +33,25 @@ class Sample:
 
 
 def to_sample(result: JobResult, *, max_response_tokens: int | None = None) -> Sample:
-    """Split a done job's trajectory into prompt and response.
+    """Split a done job's trajectory (its main segment) into prompt and response.
 
     A response longer than ``max_response_tokens`` keeps its first tokens (``extra["truncated"]``
     says so): a trainer that pads every response to one length cannot take a longer one.
+    ``extra["farm_segments"]`` is how many segments the trajectory has: more than 1 only under the
+    ``template`` history policy, where this sample is the last of them (``to_samples`` gives all).
+
+    Raises:
+        SampleFailed: the job has no reward or no trajectory (not the policy's doing).
+    """
+    return to_samples(result, max_response_tokens=max_response_tokens, segments="main")[0]
+
+
+def to_samples(
+    result: JobResult, *, max_response_tokens: int | None = None, segments: Literal["main", "all"] = "all"
+) -> list[Sample]:
+    """A done job as samples, one per segment with ``segments="all"`` (its other segments in the
+    order they were made, then its main one; the reward on each, ``extra["farm_segment"]`` the
+    position), or its main segment alone with ``"main"``.
 
     Raises:
         SampleFailed: the job has no reward or no trajectory (not the policy's doing).
@@ -43,20 +59,41 @@ def to_sample(result: JobResult, *, max_response_tokens: int | None = None) -> S
     job, traj = result.job, result.trajectory
     if traj is None or job.reward is None or job.outcome not in POLICY_OUTCOMES:
         raise SampleFailed(f"job {job.id} ended {job.state.value} ({job.outcome}): {job.reason or 'no reward'}")
-    arrays = decode_trajectory(traj)
-    offsets = list(traj.turn_offsets)
+    main = decode_trajectory(traj)
+    count = len(traj.segments) + 1
+    parts: list[tuple[TrajectoryArrays, Sequence[int]]] = [(main, traj.turn_offsets)]
+    if segments == "all":
+        others = zip(main.segments, traj.segments, strict=True)
+        parts = [*((arrays, out.turn_offsets) for arrays, out in others), *parts]
+    samples: list[Sample] = []
+    for arrays, offsets in parts:
+        extra: dict[str, Any] = {
+            "farm_job_id": job.id,
+            "farm_outcome": str(job.outcome),
+            "farm_segments": count,
+            "stale": job.stale,
+        }
+        if segments == "all":
+            extra["farm_segment"] = len(samples)
+        samples.append(_split(arrays, list(offsets), float(job.reward), extra, max_response_tokens))
+    return samples
+
+
+def _split(
+    arrays: TrajectoryArrays,
+    offsets: list[int],
+    reward: float,
+    extra: dict[str, Any],
+    max_response_tokens: int | None,
+) -> Sample:
+    """One segment as prompt and response."""
     # The first span is the rendered prompt unless the first token is already the model's.
     prompt_len = offsets[1] if len(offsets) > 1 and int(arrays.loss_mask[0]) == 0 else 0
     ids = arrays.token_ids.astype(np.int64)
     mask = arrays.loss_mask.astype(np.int64)
     logprobs = np.where(arrays.loss_mask[prompt_len:] > 0, arrays.logprobs[prompt_len:], 0.0).astype(np.float64)
     response = ids[prompt_len:]
-    extra: dict[str, Any] = {
-        "farm_job_id": job.id,
-        "farm_outcome": str(job.outcome),
-        "weight_versions": [list(span) for span in traj.weight_versions],
-        "stale": job.stale,
-    }
+    extra["weight_versions"] = [list(span) for span in arrays.weight_versions]
     cut = len(response)
     if max_response_tokens is not None and len(response) > max_response_tokens:
         cut, extra["truncated"] = max_response_tokens, True
@@ -65,7 +102,7 @@ def to_sample(result: JobResult, *, max_response_tokens: int | None = None) -> S
         response_ids=response[:cut].tolist(),
         response_mask=mask[prompt_len:][:cut].tolist(),
         response_logprobs=logprobs[:cut].tolist(),
-        reward=float(job.reward),
+        reward=reward,
         num_turns=len(offsets),
         extra=extra,
     )

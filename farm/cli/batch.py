@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -35,6 +35,12 @@ def _read_tasks(path: Path) -> list[dict[str, Any]]:
 @click.option("--max-tokens", type=int, default=1024, show_default=True)
 @click.option("--seed", type=int, default=None)
 @click.option("--idempotency-key", default=None)
+@click.option(
+    "--history",
+    type=click.Choice(["exact", "template"]),
+    default=None,
+    help="the batch's history policy where a chat template rewrites earlier turns (default: the farm's, exact)",
+)
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write results as JSONL")
 @click.option("--wait/--no-wait", default=True, show_default=True)
 @click.option("--url", default=None, help="API URL (default: from settings)")
@@ -45,6 +51,7 @@ def submit(
     max_tokens: int,
     seed: int | None,
     idempotency_key: str | None,
+    history: Literal["exact", "template"] | None,
     out: Path | None,
     wait: bool,
     url: str | None,
@@ -61,6 +68,7 @@ def submit(
                 group_size=group_size,
                 idempotency_key=idempotency_key,
                 sampling={"temperature": temperature, "max_tokens": max_tokens, "seed": seed},
+                history=history,
             )
         except ApiError as exc:
             console.print(f"[red]refused ({exc.status} {exc.code}):[/] {exc.detail}")

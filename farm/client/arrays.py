@@ -10,7 +10,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from farm.schemas import B64Array, RawArray, TrajectoryOut, VersionSpan
+from farm.schemas import B64Array, RawArray, TrajectoryOut, TrajectorySegmentOut, VersionSpan
 
 _DTYPES: dict[str, np.dtype[Any]] = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4"), "uint8": np.dtype("u1")}
 
@@ -27,13 +27,15 @@ def _array(value: list[int] | list[float] | B64Array | RawArray, dtype: str) -> 
 
 @dataclass(frozen=True)
 class TrajectoryArrays:
-    """One trajectory's arrays, unpadded."""
+    """One trajectory's arrays, unpadded: its main segment, and its other segments (oldest first) in
+    ``segments``, each with the trajectory's reward."""
 
     token_ids: npt.NDArray[np.int32]
     logprobs: npt.NDArray[np.float32]
     loss_mask: npt.NDArray[np.uint8]
     reward: float | None
     weight_versions: Sequence[VersionSpan] = ()
+    segments: Sequence[TrajectoryArrays] = ()
 
 
 def decode_trajectory(traj: TrajectoryOut) -> TrajectoryArrays:
@@ -43,7 +45,24 @@ def decode_trajectory(traj: TrajectoryOut) -> TrajectoryArrays:
         loss_mask=_array(traj.loss_mask, "uint8"),  # type: ignore[arg-type]
         reward=traj.reward,
         weight_versions=traj.weight_versions,
+        segments=tuple(_decode_segment(s, traj.reward) for s in traj.segments),
     )
+
+
+def _decode_segment(segment: TrajectorySegmentOut, reward: float | None) -> TrajectoryArrays:
+    return TrajectoryArrays(
+        token_ids=_array(segment.token_ids, "int32"),  # type: ignore[arg-type]
+        logprobs=_array(segment.logprobs, "float32"),  # type: ignore[arg-type]
+        loss_mask=_array(segment.loss_mask, "uint8"),  # type: ignore[arg-type]
+        reward=reward,
+        weight_versions=segment.weight_versions,
+    )
+
+
+def segment_rows(trajectory: TrajectoryArrays) -> list[TrajectoryArrays]:
+    """A trajectory as the samples a step-wise trainer takes: its other segments in the order they
+    were made, then its main segment (the one holding its last model turn), each with its reward."""
+    return [*trajectory.segments, trajectory]
 
 
 #: ``versions`` where no weights sampled the token (prompts, observations, padding).
@@ -63,6 +82,7 @@ def to_arrays(
     max_len: int | None = None,
     dtype: npt.DTypeLike = DEFAULT_INT_DTYPE,
     versions: bool = False,
+    segments: Literal["main", "all"] = "main",
 ) -> dict[str, npt.NDArray[np.generic]]:
     """Pad a batch of trajectories to one length.
 
@@ -80,17 +100,35 @@ def to_arrays(
     the device too). PyTorch's ``gather`` and ``cross_entropy`` take int64 indices: convert on the
     device (``.long()``), or pass ``dtype=np.int64``.
 
+    ``segments`` says which of a trajectory's segments become rows. A trajectory has more than one
+    only where the chat template rewrote earlier turns under the ``template`` history policy (each
+    rewrite starts a segment, with its own prompt). ``"main"`` (the default): one row per
+    trajectory, its main segment, the one holding its last model turn. ``"all"``: one row per
+    segment (each trajectory's other segments in the order they were made, then its main one), the
+    trajectory's reward repeated on each, plus ``trajectory_index`` (int64, R: the row's trajectory,
+    its position in ``trajectories``) and ``main_segment`` (bool, R). A GRPO trainer computes the
+    advantage per trajectory (``rewards[main_segment]``) and broadcasts it to the rows with
+    ``advantages[trajectory_index]``.
+
     Raises:
-        ValueError: empty input, an unknown ``pad_side`` or a ``dtype`` that is not an integer type.
+        ValueError: empty input, an unknown ``pad_side`` or ``segments``, or a ``dtype`` that is
+            not an integer type.
     """
     if not trajectories:
         raise ValueError("to_arrays needs at least one trajectory")
     if pad_side not in ("left", "right"):
         raise ValueError(f"pad_side must be 'left' or 'right', not {pad_side!r}")
+    if segments not in ("main", "all"):
+        raise ValueError(f"segments must be 'main' or 'all', not {segments!r}")
     int_dtype = np.dtype(dtype)
     if int_dtype.kind not in "iu":
         raise ValueError(f"dtype must be an integer type, not {int_dtype}")
     decoded = [t if isinstance(t, TrajectoryArrays) else decode_trajectory(t) for t in trajectories]
+    owners: list[int] = []
+    if segments == "all":
+        per_trajectory = [segment_rows(t) for t in decoded]
+        owners = [i for i, rows in enumerate(per_trajectory) for _ in rows]
+        decoded = [row for rows in per_trajectory for row in rows]
     full = np.array([len(t.token_ids) for t in decoded], dtype=np.int64)
     lengths = np.minimum(full, max_len) if max_len is not None else full
     width = int(lengths.max())
@@ -122,6 +160,10 @@ def to_arrays(
     }
     if versions:
         out["weight_versions"] = _versions(decoded, lengths, width, pad_side)
+    if segments == "all":
+        out["trajectory_index"] = np.array(owners, dtype=np.int64)
+        # A trajectory's main segment is its last row.
+        out["main_segment"] = np.append(out["trajectory_index"][1:] != out["trajectory_index"][:-1], True)
     return out
 
 

@@ -47,6 +47,7 @@ from farm.schemas import (
     WeightsOut,
     WeightUpdateOut,
 )
+from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
 
 #: per-request timeout; long-polls add their wait on top.
 DEFAULT_TIMEOUT_S = 30.0
@@ -126,6 +127,7 @@ def _batch_body(
     max_staleness: int | None,
     on_stale: Literal["rerun", "mark"],
     dynamic: DynamicSampling | Mapping[str, Any] | None,
+    history: TrialHistory | None = None,
 ) -> dict[str, Any]:
     given = {
         "tasks": list(tasks),
@@ -135,6 +137,7 @@ def _batch_body(
         "max_staleness": max_staleness,
         "on_stale": on_stale,
         "dynamic": dynamic,
+        "history": history if history is not None else DEFAULT_HISTORY,
     }
     try:
         request = BatchCreate.model_validate(given)
@@ -152,6 +155,8 @@ def _batch_body(
         del body["max_staleness"], body["on_stale"]
     if dynamic is None:
         del body["dynamic"]
+    if history is None:
+        del body["history"]
     return body
 
 
@@ -204,6 +209,7 @@ class BaseFarmClient(Generic[H]):
         max_staleness: int | None,
         on_stale: Literal["rerun", "mark"],
         dynamic: DynamicSampling | Mapping[str, Any] | None,
+        history: TrialHistory | None = None,
     ) -> Call[BatchCreated]:
         """A batch's submission, checked as the API checks it.
 
@@ -211,7 +217,7 @@ class BaseFarmClient(Generic[H]):
             InvalidSpec: a batch the API would refuse, refused before it is sent.
         """
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        body = _batch_body(tasks, group_size, sampling, metadata, max_staleness, on_stale, dynamic)
+        body = _batch_body(tasks, group_size, sampling, metadata, max_staleness, on_stale, dynamic, history)
         return self._call("POST", "/v1/batches", functools.partial(_model, BatchCreated), json=body, headers=headers)
 
     def _build_overview(self) -> Call[Overview]:

@@ -6,6 +6,7 @@ views of the page's buffer, so a page of megabytes is copied once, off the socke
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import httpx
 import numpy as np
@@ -34,26 +35,50 @@ def decode_page(body: bytes | memoryview) -> ResultsPage:
     header = pydantic_core.from_json(bytes(body[start : start + length]))  # ~2x json.loads
     data = memoryview(body)[start + length :]
     arrays: list[list[RawArray]] = []
+    segment_arrays: dict[int, list[list[RawArray]]] = {}
     for item in header["items"]:
         traj = item.get("trajectory")
         if traj is None:
             continue
         views = []
-        for name in _ARRAY_FIELDS:
+        for name in _ARRAY_FIELDS:  # _views, inline: this loop runs for every trajectory of every page
             ref = traj[name]
             end = ref["offset"] + ref["length"] * _ITEMSIZE[ref["dtype"]]
             if end > len(data):
                 raise ApiError(200, "bad_page", f"job {traj['job_id']}'s {name} runs past the page's end")
             views.append(RawArray(dtype=ref["dtype"], data=data[ref["offset"] : end]))
-            # Validated as an empty list, then set: a RawArray in the union costs pydantic more
-            # (it tries the other branches first) than the rest of the page.
             traj[name] = []
         arrays.append(views)
+        if segments := traj.get("segments"):  # a key only where there are some (older farms: never)
+            segment_arrays[len(arrays) - 1] = [_views(seg, data, traj["job_id"]) for seg in segments]
     page = ResultsPage.model_validate(header)
     trajs = [item.trajectory for item in page.items if item.trajectory is not None]
     for out, views in zip(trajs, arrays, strict=True):
         out.token_ids, out.logprobs, out.loss_mask = views
+    for index, views_of_segments in segment_arrays.items():
+        for segment, views in zip(trajs[index].segments, views_of_segments, strict=True):
+            segment.token_ids, segment.logprobs, segment.loss_mask = views
     return page
+
+
+def _views(arrays: dict[str, Any], data: memoryview, job_id: int) -> list[RawArray]:
+    """The views of ``data`` that ``arrays``' references name (a trajectory's or a segment's), each
+    reference replaced by an empty list.
+
+    Raises:
+        ApiError: a reference runs past the page's end.
+    """
+    views = []
+    for name in _ARRAY_FIELDS:
+        ref = arrays[name]
+        end = ref["offset"] + ref["length"] * _ITEMSIZE[ref["dtype"]]
+        if end > len(data):
+            raise ApiError(200, "bad_page", f"job {job_id}'s {name} runs past the page's end")
+        views.append(RawArray(dtype=ref["dtype"], data=data[ref["offset"] : end]))
+        # Validated as an empty list, then set: a RawArray in the union costs pydantic more
+        # (it tries the other branches first) than the rest of the page.
+        arrays[name] = []
+    return views
 
 
 def is_binary(response: httpx.Response) -> bool:

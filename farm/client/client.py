@@ -54,6 +54,7 @@ from farm.schemas import (
     WeightsOut,
     WeightUpdateOut,
 )
+from farm.schemas.trials import TrialHistory
 
 T = TypeVar("T")
 
@@ -111,6 +112,7 @@ class FarmClient(BaseFarmClient[httpx.Client]):
         max_staleness: int | None = None,
         on_stale: Literal["rerun", "mark"] = "rerun",
         dynamic: DynamicSampling | Mapping[str, Any] | None = None,
+        history: TrialHistory | None = None,
     ) -> BatchCreated:
         """Submit a batch. With ``idempotency_key``, a retried submit returns the same batch.
 
@@ -120,7 +122,12 @@ class FarmClient(BaseFarmClient[httpx.Client]):
 
         ``dynamic`` (``DynamicSampling``) makes the tasks a pool for DAPO dynamic sampling: groups
         start from it until ``target_groups`` are informative, then the rest stop. Read such a
-        batch with ``groups``."""
+        batch with ``groups``.
+
+        ``history`` is the batch's history policy where a chat template rewrites earlier turns:
+        ``"exact"`` (the farm's default) keeps every sampled id, one segment per episode;
+        ``"template"`` makes each rewrite start a segment, every one returned in
+        ``TrajectoryOut.segments`` (``to_arrays(..., segments="all")`` gives one row per segment)."""
         call = self._build_submit(
             tasks,
             group_size=group_size,
@@ -130,6 +137,7 @@ class FarmClient(BaseFarmClient[httpx.Client]):
             max_staleness=max_staleness,
             on_stale=on_stale,
             dynamic=dynamic,
+            history=history,
         )
         return self._send(call)
 
@@ -324,6 +332,7 @@ class AsyncFarmClient(BaseFarmClient[httpx.AsyncClient]):
         max_staleness: int | None = None,
         on_stale: Literal["rerun", "mark"] = "rerun",
         dynamic: DynamicSampling | Mapping[str, Any] | None = None,
+        history: TrialHistory | None = None,
     ) -> BatchCreated:
         """See ``FarmClient.submit``."""
         call = self._build_submit(
@@ -335,6 +344,7 @@ class AsyncFarmClient(BaseFarmClient[httpx.AsyncClient]):
             max_staleness=max_staleness,
             on_stale=on_stale,
             dynamic=dynamic,
+            history=history,
         )
         return await self._send(call)
 

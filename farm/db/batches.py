@@ -21,10 +21,14 @@ from farm.db.models import Batch, Job
 from farm.db.newjobs import insert_jobs
 from farm.errors import Conflict
 from farm.schemas import BatchCreate
+from farm.schemas.trials import DEFAULT_HISTORY
 
 
 def request_hash(request: BatchCreate) -> str:
-    body = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    # The default history is left out, so a request hashes as it did before the field existed (an
+    # idempotent resubmit across the upgrade is not a conflict).
+    exclude = {"history"} if request.history == DEFAULT_HISTORY else None
+    body = json.dumps(request.model_dump(mode="json", exclude=exclude), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -59,6 +63,7 @@ def create_batch(
         meta=request.metadata,
         max_staleness=request.max_staleness,
         on_stale=request.on_stale if request.max_staleness is not None else None,
+        history=request.history,
         dynamic=None if request.dynamic is None else request.dynamic.model_dump(mode="json"),
         # A dynamic batch counts its whole pool until it stops, so no job's finish completes it early.
         total_jobs=request.group_size * len(request.tasks),

@@ -70,6 +70,8 @@ class Batch(Base):
     #: newest when RUN ends is ``on_stale``: re-run, or kept and marked stale. None: no bound.
     max_staleness: Mapped[int | None] = mapped_column(Integer)
     on_stale: Mapped[str | None] = mapped_column(String(16))
+    #: the history policy every stage of the batch follows (``farm.schemas.trials.TrialHistory``).
+    history: Mapped[str] = mapped_column(String(16), default="exact", server_default="exact")
     #: DAPO dynamic sampling (``farm.schemas.DynamicSampling``); None: every group runs.
     dynamic: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     #: a dynamic batch's progress, moved by one UPDATE per decided group (``farm.db.dynamic``).
@@ -311,6 +313,9 @@ class Trajectory(Base):
     turn_offsets: Mapped[bytes] = mapped_column(LargeBinary)
     #: [[version, start, end], ...]: which weights sampled which tokens (``farm.schemas.VersionSpan``).
     weight_versions: Mapped[list[list[int]]] = mapped_column(JSON, default=list, server_default="[]")
+    #: the episode's other segments (``TrajectoryData.segments``), packed by ``farm.db.arrays.pack_segments``;
+    #: NULL when it has none (one segment: the arrays above).
+    segments: Mapped[bytes | None] = mapped_column(LargeBinary)
     reward: Mapped[float | None] = mapped_column(Float)
     metrics: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
     timings: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)

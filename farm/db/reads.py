@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from farm.constants import BatchState, JobState, Stage, StageStatus
 from farm.db import dynamic
-from farm.db.arrays import encode_ids, encode_logprobs, encode_mask, unpack_ids
+from farm.db.arrays import PackedSegment, encode_ids, encode_logprobs, encode_mask, unpack_ids, unpack_segments
 from farm.db.models import Batch, Group, Job, Trajectory
 from farm.errors import BatchNotFound, Conflict, JobNotFound, TrajectoryNotFound
 from farm.schemas import (
@@ -29,6 +29,7 @@ from farm.schemas import (
     ResultsPage,
     StageRunOut,
     TrajectoryOut,
+    TrajectorySegmentOut,
 )
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ def batch_status(session: Session, batch_id: int) -> BatchStatus:
         counts=counts,
         outcomes=outcomes,
         metadata=batch.meta,
+        history=batch.history,
         dynamic=_dynamic_status(session, batch) if batch.dynamic is not None else None,
     )
 
@@ -164,6 +166,7 @@ _TRAJECTORY_COLUMNS = (
     "loss_mask",
     "turn_offsets",
     "weight_versions",
+    "segments",
     "reward",
     "metrics",
     "timings",
@@ -227,6 +230,18 @@ def trajectory_out(traj: Any, job: Job | JobOut, encoding: ArrayEncoding) -> Tra
         metrics=traj.metrics,
         timings=traj.timings,
         info=traj.info,
+        segments=[_segment_out(s, encoding) for s in unpack_segments(traj.segments)],
+    )
+
+
+def _segment_out(s: PackedSegment, encoding: ArrayEncoding) -> TrajectorySegmentOut:
+    return TrajectorySegmentOut(
+        num_tokens=len(s.loss_mask),
+        token_ids=encode_ids(s.token_ids, encoding),
+        logprobs=encode_logprobs(s.logprobs, encoding),
+        loss_mask=encode_mask(s.loss_mask, encoding),
+        turn_offsets=s.turn_offsets,
+        weight_versions=[(v, start, end) for v, start, end in s.weight_versions],
     )
 
 

@@ -8,7 +8,7 @@ keeps the sampling parameters. Its trajectory is read with ``farm.db.jobs.attemp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection, Row, select
 
@@ -16,6 +16,7 @@ from farm.constants import JobState, Outcome
 from farm.db.models import Batch, Group, Job
 from farm.errors import BatchNotFound, JobNotFound
 from farm.schemas import SamplingParams
+from farm.schemas.trials import TrialHistory
 
 _COLUMNS = (Job.id, Job.batch_id, Job.type, Job.seed, Job.stage_data, Job.outcome, Job.reward, Group.config)
 _JOBS = select(*_COLUMNS).join(Group, Group.id == Job.group_id)
@@ -57,6 +58,14 @@ def sampling(conn: Connection, batch_id: int) -> SamplingParams:
     if row is None:
         raise BatchNotFound(f"no batch with id {batch_id}")
     return SamplingParams.model_validate(row.sampling or {})
+
+
+def history(conn: Connection, batch_id: int) -> TrialHistory:
+    """The batch's history policy. Raises: BatchNotFound."""
+    row = conn.execute(select(Batch.history).where(Batch.id == batch_id)).one_or_none()
+    if row is None:
+        raise BatchNotFound(f"no batch with id {batch_id}")
+    return cast(TrialHistory, row.history)
 
 
 def _stored(row: Row[Any]) -> StoredJob:

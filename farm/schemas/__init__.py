@@ -39,7 +39,16 @@ from farm.schemas.batches import (
     TaskSpec,
     task_key,
 )
-from farm.schemas.jobs import GroupResult, GroupsPage, JobOut, JobResult, ResultsPage, StageRunOut, TrajectoryOut
+from farm.schemas.jobs import (
+    GroupResult,
+    GroupsPage,
+    JobOut,
+    JobResult,
+    ResultsPage,
+    StageRunOut,
+    TrajectoryOut,
+    TrajectorySegmentOut,
+)
 from farm.schemas.overview import ErrorOut, Health, Overview, QueueOut, WorkerOut
 from farm.schemas.stages import EvalResult, RunResult, SegmentData, TrajectoryData
 from farm.schemas.tasks import HandlerInfo, ShippedTask, TaskSet
@@ -107,6 +116,7 @@ __all__ = [
     "TaskSpec",
     "TrajectoryData",
     "TrajectoryOut",
+    "TrajectorySegmentOut",
     "TrialCallOut",
     "TrialCreate",
     "TrialCreated",

@@ -33,7 +33,7 @@ class B64Array(BaseModel):
     b64: str
 
     @classmethod
-    def encode(cls, raw: bytes, dtype: ArrayDtype) -> B64Array:
+    def encode(cls, raw: bytes | memoryview, dtype: ArrayDtype) -> B64Array:
         return cls(dtype=dtype, b64=base64.b64encode(raw).decode("ascii"))
 
 

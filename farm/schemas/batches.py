@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from farm.constants import BatchState, JobState, Outcome
+from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
 
 
 class SamplingParams(BaseModel):
@@ -125,6 +126,12 @@ class BatchCreate(BaseModel):
     dynamic: DynamicSampling | None = Field(
         default=None, description="DAPO dynamic sampling: the tasks are a pool to draw informative groups from"
     )
+    history: TrialHistory = Field(
+        default=DEFAULT_HISTORY,
+        description="what the next prompt is where the chat template rewrites earlier turns (Qwen3 drops past "
+        "reasoning): exact keeps every sampled id (one segment per episode); template is what the template renders "
+        "(each rewrite starts a segment, every segment is returned). A harness task's own harness.history wins",
+    )
 
 
 class BatchCreated(BaseModel):
@@ -158,6 +165,7 @@ class BatchStatus(BaseModel):
     counts: dict[JobState, int] = Field(description="jobs per state")
     outcomes: dict[Outcome, int] = Field(description="finished jobs per outcome")
     metadata: dict[str, Any]
+    history: TrialHistory = DEFAULT_HISTORY
     dynamic: DynamicStatus | None = None
 
 

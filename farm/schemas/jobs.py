@@ -49,6 +49,20 @@ class JobOut(BaseModel):
     stages: list[StageRunOut] = Field(default_factory=list)
 
 
+class TrajectorySegmentOut(BaseModel):
+    """One of a trajectory's other segments (``TrajectoryOut.segments``): a token sequence of its own,
+    with its own prompt, its arrays in the trajectory's ``encoding``."""
+
+    num_tokens: int
+    token_ids: list[int] | B64Array | SkipJsonSchema[RawArray]
+    logprobs: list[float] | B64Array | SkipJsonSchema[RawArray] = Field(description="0.0 where loss_mask is 0")
+    loss_mask: list[int] | B64Array | SkipJsonSchema[RawArray] = Field(description="1 on tokens the model sampled")
+    turn_offsets: list[int] = Field(description="start offset of each turn in token_ids")
+    weight_versions: list[VersionSpan] = Field(
+        default_factory=list, description="[version, start, end] over the segment's own model tokens"
+    )
+
+
 class TrajectoryOut(BaseModel):
     """A finished rollout, token-exact. Arrays are JSON lists or ``B64Array`` (see ``encoding``)."""
 
@@ -73,6 +87,12 @@ class TrajectoryOut(BaseModel):
     metrics: dict[str, float]
     timings: dict[str, float]
     info: dict[str, Any] = Field(default_factory=dict)
+    segments: list[TrajectorySegmentOut] = Field(
+        default_factory=list,
+        description="the episode's other segments, in the order they were made (the arrays above are its main "
+        "segment, the one holding its last model turn); empty unless the chat template rewrote earlier turns "
+        "under the `template` history policy",
+    )
 
 
 class JobResult(BaseModel):

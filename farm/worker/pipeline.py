@@ -88,6 +88,7 @@ def _context(rt: FarmRuntime, claim: claims.Claim, deadline: float, lease: Lease
         sampling=claim.sampling or SamplingParams(),
         seed=claim.seed,
         deadline=deadline,
+        history=claim.history,
         is_cancelled=lease.is_cancelled if lease else (lambda: True),
         llm=rt.llm,
         sandboxes=rt.sandboxes,

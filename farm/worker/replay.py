@@ -26,6 +26,7 @@ from farm.handlers.base import StageContext
 from farm.handlers.registry import get_handler
 from farm.llm.trajectory import ChatTokenizer
 from farm.schemas import SamplingParams
+from farm.schemas.trials import TrialHistory
 from farm.worker.sandboxes import SandboxResources
 
 
@@ -43,8 +44,8 @@ class _NoModel:
         return None
 
 
-def load_run(engine: Engine, job_id: int) -> tuple[RecordedRun, SamplingParams]:
-    """The job as stored, and its batch's sampling parameters.
+def load_run(engine: Engine, job_id: int) -> tuple[RecordedRun, SamplingParams, TrialHistory]:
+    """The job as stored, and its batch's sampling parameters and history policy.
 
     Raises:
         JobNotFound: no such job.
@@ -52,9 +53,10 @@ def load_run(engine: Engine, job_id: int) -> tuple[RecordedRun, SamplingParams]:
     with engine.connect() as conn:
         job = stored.job(conn, job_id)
         sampling = stored.sampling(conn, job.batch_id)
+        history = stored.history(conn, job.batch_id)
         trajectory = attempts.load_trajectory(conn, job_id)
     run = RecordedRun(**vars(job), trajectory=trajectory)
-    return run, sampling
+    return run, sampling, history
 
 
 def replay_job(settings: Settings, engine: Engine, job_id: int) -> ReplayReport:
@@ -66,7 +68,7 @@ def replay_job(settings: Settings, engine: Engine, job_id: int) -> ReplayReport:
         HandlerNotFound: its task type is not installed here.
         SandboxError: the sandbox could not be made.
     """
-    run, sampling = load_run(engine, job_id)
+    run, sampling, history = load_run(engine, job_id)
     handler = get_handler(run.type)
     if not isinstance(handler, AgentHandler):
         raise NotReplayable(f"job {job_id} is a {run.type!r} task, not one of the built-in agent loop", job_id=job_id)
@@ -81,6 +83,7 @@ def replay_job(settings: Settings, engine: Engine, job_id: int) -> ReplayReport:
         sampling=sampling,
         seed=run.seed,
         deadline=time.monotonic() + worker.init_timeout_s + worker.run_timeout_s + worker.eval_timeout_s,
+        history=history,  # the prompts are rebuilt as the recorded run built them
         llm=_NoModel(),
         sandboxes=SandboxResources(settings),
     )

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from farm.errors import InvalidSpec
 from farm.handlers.base import validate_config
 from farm.handlers.registry import get_config_class
-from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
+from farm.schemas.trials import TrialHistory
 
 #: task types whose grading needs only what the agent left in its sandbox (a harness cannot call
 #: the built-in agent's ``submit``).
@@ -58,8 +58,9 @@ class HarnessSpec(BaseModel):
     max_turns: int = Field(default=30, ge=1, le=1000)
     #: wall-clock limit of the harness process; the task's own limit when unset.
     time_limit_s: float | None = Field(default=None, gt=0, le=24 * 3600)
-    #: the trial's history policy (docs/proxy.md#history-exact-or-template).
-    history: TrialHistory = DEFAULT_HISTORY
+    #: the trial's history policy (docs/proxy.md#history-exact-or-template). Unset: the batch's
+    #: ``history`` (itself ``exact`` unless the batch says otherwise); set, it wins over the batch's.
+    history: TrialHistory | None = None
 
     @model_validator(mode="after")
     def _command_for_command(self) -> HarnessSpec:

@@ -4,11 +4,13 @@
   socket offered inside it on a loopback port (the sandbox still has no network), and the harness's
   environment (a venv or an npm tree, built once per node) mounted read-only.
 - RUN opens a trial, starts the harness in the sandbox with the trial's base URLs and key, waits for
-  it (the task's time limit), ends the trial and reads its record. The job's trajectory is the
-  record's *main segment*, the one holding the trial's last answered call (the harness's final
-  conversation); ``info`` names the trial and its segments, and ``GET /v1/trials/{id}/record``
-  gives every segment. A harness that exits non-zero or times out is the policy's doing
-  (``agent_error`` / ``agent_timeout``): it is scored like any other episode. A record that is
+  it (the task's time limit), ends the trial and reads its record. The trial's history policy is
+  the config's ``harness.history`` where it is set, else the batch's (``StageContext.history``).
+  The job's trajectory is the record's *main segment*, the one holding the trial's last answered
+  call (the harness's final conversation), with every other segment of the record in its
+  ``segments``, oldest first; ``info`` names the trial and its segments. A harness that exits
+  non-zero or times out is the policy's doing (``agent_error`` / ``agent_timeout``): it is scored
+  like any other episode. A record that is
   incomplete is not trainable: the job ends ``infra_error``.
 - EVAL is the inner task's grader, on what the harness left in the sandbox.
 """
@@ -26,7 +28,7 @@ from farm.handlers.base import OpenTrial, StageContext, TaskHandler
 from farm.handlers.registry import get_handler
 from farm.llm.trajectory import TokenTrajectory
 from farm.sandbox.base import Bind, Forward
-from farm.schemas import EvalResult, RunResult, TrajectoryData, TrialRecordData
+from farm.schemas import EvalResult, RunResult, SegmentData, TrajectoryData, TrialRecordData
 from tasks.harness import presets
 from tasks.harness.config import HarnessConfig
 
@@ -94,7 +96,11 @@ class HarnessHandler(TaskHandler[HarnessConfig, HarnessState]):
         if sampling.get("seed") is not None:
             sampling["seed"] = ctx.seed
         trial = await asyncio.to_thread(
-            ctx.trials.open, job_id=ctx.job_id, attempt=ctx.attempt, sampling=sampling, history=config.harness.history
+            ctx.trials.open,
+            job_id=ctx.job_id,
+            attempt=ctx.attempt,
+            sampling=sampling,
+            history=config.harness.history or ctx.history,
         )
         try:
             instruction = inner.messages(inner_config, inner_state, [])[-1]["content"]
@@ -198,7 +204,14 @@ def _episode() -> Any:
 
 
 def _main(record: TrialRecordData, info: dict[str, Any]) -> TrajectoryData:
+    """The record's main segment, with the others (in the record's order) in its ``segments``."""
     if record.main is None:  # the harness never got an answer: an empty episode
         return TrajectoryData(token_ids=[], logprobs=[], loss_mask=[], info=info)
     main = record.segments[record.main]
-    return main.model_copy(update={"info": {**main.info, **info}})
+    # Already validated (the record's trajectories): constructed, not validated again.
+    others = [
+        SegmentData.model_construct(**{name: getattr(segment, name) for name in SegmentData.model_fields})
+        for i, segment in enumerate(record.segments)
+        if i != record.main
+    ]
+    return main.model_copy(update={"info": {**main.info, **info}, "segments": others})

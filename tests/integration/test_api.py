@@ -108,6 +108,7 @@ def test_bad_task_config_names_the_field(api: TestClient):
         (echo_batch(sampling={"temperature": -1}), "sampling.temperature"),
         ({"task": []}, "tasks"),
         (echo_batch(extra=1), "extra"),
+        (echo_batch(history="verbatim"), "history"),
         # found by the fuzz test: a NUL cannot be stored in a text column (was a 500)
         ({"tasks": [{"type": "echo", "config": {"text": "x"}, "name": "a\u0000b"}]}, "tasks.0.name"),
     ],

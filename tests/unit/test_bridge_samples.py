@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from farm.bridges.samples import to_sample
+from farm.bridges.samples import to_sample, to_samples
 from farm.constants import JobState, Outcome
 from farm.errors import SampleFailed
-from farm.schemas import JobOut, JobResult, TrajectoryOut
+from farm.schemas import JobOut, JobResult, TrajectoryOut, TrajectorySegmentOut
 
 
 def result(*, reward: float | None = 0.5, outcome: Outcome = Outcome.OK, state: JobState = JobState.DONE) -> JobResult:
@@ -81,3 +81,26 @@ def test_sample_longer_than_the_trainers_response_length_keeps_its_first_tokens(
 def test_a_job_without_a_reward_is_never_a_sample_with_reward_zero(bad):
     with pytest.raises(SampleFailed):
         to_sample(result(**bad))
+
+
+def with_an_earlier_segment(r: JobResult) -> JobResult:
+    """``r`` as an episode of two segments: an earlier one (prompt [1 2], model turn [3]) and its main one."""
+    assert r.trajectory is not None
+    earlier = TrajectorySegmentOut(
+        num_tokens=3, token_ids=[1, 2, 3], logprobs=[0.0, 0.0, -0.7], loss_mask=[0, 0, 1], turn_offsets=[0, 2]
+    )
+    return r.model_copy(update={"trajectory": r.trajectory.model_copy(update={"segments": [earlier]})})
+
+
+def test_samples_of_every_segment_carry_the_reward_and_end_with_the_main_one():
+    first, last = to_samples(with_an_earlier_segment(result()))
+    assert (first.prompt_ids, first.response_ids, first.response_mask) == ([1, 2], [3], [1])
+    assert first.response_logprobs == pytest.approx([-0.7]) and first.reward == last.reward == 0.5
+    assert last.response_ids == [4, 5, 6, 7, 8, 9] and last.extra["farm_segment"] == 1
+    assert first.extra["farm_segments"] == last.extra["farm_segments"] == 2
+
+
+def test_the_main_sample_of_a_segmented_episode_says_how_many_segments_it_has():
+    (sample,) = to_samples(with_an_earlier_segment(result()), segments="main")
+    assert sample.response_ids == [4, 5, 6, 7, 8, 9] and sample.extra["farm_segments"] == 2
+    assert to_sample(result()).extra["farm_segments"] == 1

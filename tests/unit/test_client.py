@@ -54,6 +54,20 @@ def test_submit_sends_bearer_token_body_and_idempotency_key():
     assert seen["body"]["group_size"] == 2 and seen["body"]["sampling"] == {"temperature": 0.5}, "only what was set"
 
 
+@pytest.mark.parametrize("history", [None, "exact", "template"])
+def test_submit_sends_history_only_when_given(history: Any) -> None:
+    bodies: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(201, json={"id": 7, "job_ids": [1], "created": True})
+
+    with FarmClient("http://farm", token="t", transport=httpx.MockTransport(handler)) as client:
+        client.submit([{"type": "echo", "config": {"text": "a"}}], history=history)
+    # Unset, the body is one any farm version takes (and the farm's default applies).
+    assert bodies[0].get("history", "unset") == (history or "unset")
+
+
 @pytest.mark.parametrize(
     ("tasks", "options", "field"),
     [
@@ -61,6 +75,7 @@ def test_submit_sends_bearer_token_body_and_idempotency_key():
         ([{"type": "echo"}], {"group_size": 0}, "group_size"),
         ([{"type": "echo"}], {"sampling": {"temperature": -1}}, "sampling.temperature"),
         ([{"typo": "echo"}], {}, "tasks.0.type"),
+        ([{"type": "echo"}], {"history": "verbatim"}, "history"),
     ],
 )
 def test_submit_refuses_a_bad_batch_as_the_api_would(tasks: Any, options: Any, field: str) -> None:

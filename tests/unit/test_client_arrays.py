@@ -5,7 +5,7 @@ import pytest
 
 from farm.client import decode_trajectory, to_arrays
 from farm.db.arrays import encode_ids, encode_logprobs, encode_mask, pack_ids, pack_logprobs, pack_mask
-from farm.schemas import ArrayEncoding, RawArray, TrajectoryOut
+from farm.schemas import ArrayEncoding, RawArray, TrajectoryOut, TrajectorySegmentOut
 
 
 def traj(
@@ -102,3 +102,48 @@ def test_a_binary_pages_raw_array_is_array_like():
     assert np.asarray(
         RawArray(dtype="float32", data=memoryview(np.array([0.5], dtype=np.float32).tobytes()))
     ).tolist() == [0.5]
+
+
+def with_segments(main: TrajectoryOut, *others: TrajectoryOut) -> TrajectoryOut:
+    """``main`` with ``others``' arrays as its other segments (oldest first)."""
+    fields = ("num_tokens", "token_ids", "logprobs", "loss_mask", "turn_offsets", "weight_versions")
+    segments = [TrajectorySegmentOut(**{name: getattr(o, name) for name in fields}) for o in others]
+    return main.model_copy(update={"segments": segments})
+
+
+@pytest.fixture(params=["b64", "json"])
+def episodes(request) -> list[TrajectoryOut]:
+    """Two episodes: the first of three segments (two rewrites under ``template``), the second of one."""
+    enc = request.param
+    first = with_segments(
+        traj([1, 2, 3], [0, 1, 1], [0.0, -0.1, -0.2], 1.0, enc),
+        traj([1, 4], [0, 1], [0.0, -0.3], None, enc),
+        traj([1, 5, 6, 7, 8], [0, 0, 1, 1, 1], [0.0, 0.0, -0.4, -0.5, -0.6], None, enc),
+    )
+    return [first, traj([9, 10], [0, 1], [0.0, -0.7], 0.0, enc)]
+
+
+def test_to_arrays_defaults_to_each_trajectorys_main_segment(episodes):
+    out = to_arrays(episodes)
+    assert out["input_ids"].tolist() == [[1, 2, 3], [9, 10, 0]]
+    assert out["rewards"].tolist() == [1.0, 0.0] and "trajectory_index" not in out
+
+
+def test_to_arrays_all_segments_is_a_row_per_segment_with_its_trajectory(episodes):
+    out = to_arrays(episodes, segments="all")
+    # The other segments in the order they were made, then the main one; rewards repeated.
+    assert out["input_ids"].tolist() == [[1, 4, 0, 0, 0], [1, 5, 6, 7, 8], [1, 2, 3, 0, 0], [9, 10, 0, 0, 0]]
+    assert out["loss_mask"].tolist()[1] == [0, 0, 1, 1, 1]
+    np.testing.assert_allclose(out["old_logprobs"][1], [0.0, 0.0, -0.4, -0.5, -0.6])
+    assert out["rewards"].tolist() == [1.0, 1.0, 1.0, 0.0] and out["lengths"].tolist() == [2, 5, 3, 2]
+    assert out["trajectory_index"].tolist() == [0, 0, 0, 1]
+    assert out["main_segment"].tolist() == [False, False, True, True]
+    # GRPO: an advantage per trajectory, from its main row, broadcast to each of its rows.
+    rewards = out["rewards"][out["main_segment"]]
+    advantages = (rewards - rewards.mean())[out["trajectory_index"]]
+    assert advantages.tolist() == [0.5, 0.5, 0.5, -0.5]
+
+
+def test_to_arrays_refuses_an_unknown_segments_choice(episodes):
+    with pytest.raises(ValueError, match="segments"):
+        to_arrays(episodes, segments="split")  # type: ignore[arg-type]

@@ -9,8 +9,10 @@ from pydantic import ValidationError
 
 from farm.errors import InvalidSpec
 from farm.handlers.base import validate_config
+from farm.schemas import SegmentData, TrajectoryData, TrialRecordData
 from tasks.harness import presets
 from tasks.harness.config import HarnessConfig, HarnessSpec
+from tasks.harness.handler import _main
 
 ENDPOINT = presets.Endpoint(
     openai_base_url="http://127.0.0.1:18080/proxy/t1/v1",
@@ -62,3 +64,23 @@ def test_harness_config_checks_the_inner_task_and_the_command() -> None:
     assert info.value.field == "config.task.config"
     with pytest.raises(ValidationError, match="command is given exactly"):
         HarnessSpec(preset="command")
+
+
+def test_harness_history_is_unset_unless_given_so_the_batchs_applies() -> None:
+    task = {"type": "harbor", "config": {"example": "hello-file"}}
+    assert HarnessConfig.model_validate({"task": task}).harness.history is None
+    given = HarnessConfig.model_validate({"task": task, "harness": {"history": "template"}})
+    assert given.harness.history == "template"
+
+
+def test_a_harness_jobs_trajectory_is_the_main_segment_with_every_other_segment() -> None:
+    def segment(first: int) -> TrajectoryData:
+        return TrajectoryData(token_ids=[first, first + 1], logprobs=[0.0, -0.5], loss_mask=[0, 1], info={"x": 1})
+
+    record = TrialRecordData(trial_id="t", segments=[segment(1), segment(3), segment(5)], main=1, certificate=[])
+    trajectory = _main(record, {"trial": "t"})
+    assert trajectory.token_ids == [3, 4] and trajectory.info == {"x": 1, "trial": "t"}
+    # The others in the record's order, as plain segments (no info of their own).
+    assert [s.token_ids for s in trajectory.segments] == [[1, 2], [5, 6]]
+    assert all(type(s) is SegmentData for s in trajectory.segments)
+    assert TrajectoryData.model_validate_json(trajectory.model_dump_json()) == trajectory

@@ -14,7 +14,7 @@ from farm.db import batches, reads
 from farm.db.base import utcnow
 from farm.db.jobs import attempts, claims, completions, lifecycle
 from farm.db.models import Job, StageRun, Trajectory, check_transition
-from farm.db.sampling import SamplingCache
+from farm.db.sampling import BatchSettings, SamplingCache
 from farm.db.session import make_autocommit_engine, transaction
 from farm.errors import ClaimLost, InvalidTransition
 from farm.schemas import BatchCreate, EvalResult, RunResult, SamplingParams, TrajectoryData
@@ -360,7 +360,7 @@ def test_claim_reads_a_batchs_sampling_once_per_cache(sessions):
     _, (a, b) = make_batch(sessions)
     samplings = SamplingCache()
     first = claim_with(sessions, a, samplings)
-    assert first.config == {"text": "t0"} and samplings.get(first.batch_id) == first.sampling
+    assert first.config == {"text": "t0"} and samplings.get(first.batch_id) == (first.sampling, "exact")
     second = claim_with(sessions, b, samplings)
     assert second.config == first.config and second.sampling is first.sampling
 
@@ -382,7 +382,7 @@ def claim_with(sessions, job_id: int, samplings: SamplingCache) -> claims.Claim:
 
 def test_sampling_cache_drops_its_oldest_entries_when_full():
     samplings = SamplingCache(size=2)
-    sampling = SamplingParams()
+    sampling = BatchSettings(SamplingParams(), "exact")
     for batch_id in (1, 2, 3):
         samplings.put(batch_id, sampling)
     assert samplings.get(1) is None and samplings.get(2) is sampling and samplings.get(3) is sampling

@@ -482,7 +482,11 @@ def test_job_row_types_name_the_columns_their_statements_return_with_the_models_
     job_columns = [c.name for c in sql.JOB_COLUMNS]
     assert typing.get_type_hints(jobrows.JobRow) == column_types(Job, job_columns)
     assert list(sql.LOCK_JOB.selected_columns.keys()) == job_columns
-    task = {**column_types(Job, job_columns), **column_types(Group, ["config"]), **column_types(Batch, ["sampling"])}
+    task = {
+        **column_types(Job, job_columns),
+        **column_types(Group, ["config"]),
+        **column_types(Batch, ["sampling", "history"]),
+    }
     assert typing.get_type_hints(jobrows.TaskJobRow) == task
     assert list(sql.LOCK_JOB_WITH_TASK.selected_columns.keys()) == list(task)
     granted = typing.get_type_hints(jobrows.GrantedRow)

@@ -11,7 +11,16 @@ import numpy as np
 from sqlalchemy import Connection
 
 from farm.constants import Stage, StageStatus
-from farm.db.arrays import FLOAT32, pack_ids, pack_logprobs, pack_mask, unpack_ids
+from farm.db.arrays import (
+    FLOAT32,
+    pack_ids,
+    pack_logprobs,
+    pack_mask,
+    pack_segments,
+    segment_data,
+    unpack_ids,
+    unpack_segments,
+)
 from farm.db.base import utcnow
 from farm.db.jobs import statements as sql
 from farm.db.jobs.jobrows import JobRow
@@ -26,6 +35,7 @@ class TrajectoryArrays(Protocol):
     loss_mask: bytes
     turn_offsets: bytes
     weight_versions: list[list[int]]
+    segments: bytes | None
     info: dict[str, Any]
 
 
@@ -94,6 +104,7 @@ def trajectory_row(result: RunResult) -> dict[str, Any]:
         "loss_mask": pack_mask(t.loss_mask),
         "turn_offsets": pack_ids(t.turn_offsets),
         "weight_versions": [list(span) for span in t.weight_versions],
+        "segments": pack_segments(t.segments),
         "info": dict(t.info),
         "reward": None,
         "metrics": {},
@@ -139,4 +150,5 @@ def unpack_trajectory(row: TrajectoryArrays) -> TrajectoryData:
         turn_offsets=unpack_ids(row.turn_offsets),
         weight_versions=[tuple(span) for span in row.weight_versions or []],
         info=dict(row.info),
+        segments=[segment_data(s) for s in unpack_segments(row.segments)],
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Connection, Row
 
@@ -14,8 +14,9 @@ from farm.constants import TERMINAL_STATES, JobState, Outcome, Stage, StageStatu
 from farm.db.jobs import attempts, jobrows
 from farm.db.jobs import statements as sql
 from farm.db.jobs.jobrows import LOST_ERROR, PREVIOUS_STATE, STAGE_STATE, GrantedRow, TaskJobRow
-from farm.db.sampling import SamplingCache
+from farm.db.sampling import BatchSettings, SamplingCache
 from farm.schemas import SamplingParams, TrajectoryData
+from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class Claim:
     config: dict[str, Any] | None = None
     state: dict[str, Any] | None = None
     sampling: SamplingParams | None = None
+    #: the batch's history policy (``StageContext.history``).
+    history: TrialHistory = DEFAULT_HISTORY
     seed: int | None = None
     node: str | None = None
     gave_up: bool = False
@@ -114,20 +117,23 @@ def claim_next(
     job = conn.execute(sql.CLAIM_NEXT[stage], params).one_or_none()
     if job is None:
         return None
-    sampling = _sampling(conn, job.batch_id, samplings)
+    settings = _settings(conn, job.batch_id, samplings)
     trajectory = _returned_trajectory(job) if stage is Stage.EVAL else None
-    return _granted(job, stage, attempt=1, now=now, node=job.node, sampling=sampling, trajectory=trajectory)
+    return _granted(job, stage, attempt=1, now=now, node=job.node, settings=settings, trajectory=trajectory)
 
 
-def _sampling(session: Connection, batch_id: int, samplings: SamplingCache | None) -> SamplingParams:
-    sampling = samplings.get(batch_id) if samplings is not None else None
-    if sampling is None:
-        sampling = SamplingParams.model_validate(
-            session.execute(sql.SAMPLING_OF_BATCH, {"batch_id": batch_id}).scalar_one()
-        )
+def _settings(session: Connection, batch_id: int, samplings: SamplingCache | None) -> BatchSettings:
+    settings = samplings.get(batch_id) if samplings is not None else None
+    if settings is None:
+        row = session.execute(sql.SAMPLING_OF_BATCH, {"batch_id": batch_id}).one()
+        settings = _batch_settings(row.sampling, row.history)
         if samplings is not None:
-            samplings.put(batch_id, sampling)
-    return sampling
+            samplings.put(batch_id, settings)
+    return settings
+
+
+def _batch_settings(sampling: dict[str, Any], history: str) -> BatchSettings:
+    return BatchSettings(SamplingParams.model_validate(sampling), cast(TrialHistory, history))
 
 
 def _claim_locked(
@@ -177,12 +183,12 @@ def _claim_locked(
         stage_started_at=now,
         **({"node": node} if stage is Stage.INIT else {}),
     )
-    sampling = SamplingParams.model_validate(job.sampling)
+    settings = _batch_settings(job.sampling, job.history)
     attempt = values["stage_attempts"]
     # INIT moves the job to this node; a later stage runs where its sandbox is.
     on = node if stage is Stage.INIT else job.node
     trajectory = attempts.load_trajectory(session, job.id) if stage is Stage.EVAL else None
-    return _granted(job, stage, attempt=attempt, now=now, node=on, sampling=sampling, trajectory=trajectory)
+    return _granted(job, stage, attempt=attempt, now=now, node=on, settings=settings, trajectory=trajectory)
 
 
 def _granted(
@@ -192,7 +198,7 @@ def _granted(
     attempt: int,
     now: datetime,
     node: str | None,
-    sampling: SamplingParams,
+    settings: BatchSettings,
     trajectory: TrajectoryData | None,
 ) -> Claim:
     """The claim handed to the stage, from the job row as it was claimed."""
@@ -206,7 +212,8 @@ def _granted(
         config=dict(job.config),
         # The handler gets its own copy: what it does to it must not leak into the stored data.
         state=copy.deepcopy(data.get("state", {})),
-        sampling=sampling,
+        sampling=settings.sampling,
+        history=settings.history,
         seed=job.seed,
         node=node,
         trajectory=trajectory,

@@ -75,6 +75,7 @@ class TaskJobRow(JobRow, Protocol):
 
     config: dict[str, Any]
     sampling: dict[str, Any]
+    history: str
 
 
 def lock(session: Connection, job_id: int) -> JobRow | None:

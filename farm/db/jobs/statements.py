@@ -77,13 +77,13 @@ GRANTED_COLUMNS = [
 ]
 LOCK_JOB = select(*JOB_COLUMNS).where(JOBS.c.id == bindparam("job_id")).with_for_update()
 LOCK_JOB_WITH_TASK = (
-    select(*JOB_COLUMNS, GROUPS.c.config, BATCHES.c.sampling)
+    select(*JOB_COLUMNS, GROUPS.c.config, BATCHES.c.sampling, BATCHES.c.history)
     .join(GROUPS, GROUPS.c.id == JOBS.c.group_id)
     .join(BATCHES, BATCHES.c.id == JOBS.c.batch_id)
     .where(JOBS.c.id == bindparam("job_id"))
     .with_for_update(of=JOBS)
 )
-SAMPLING_OF_BATCH = select(BATCHES.c.sampling).where(BATCHES.c.id == bindparam("batch_id"))
+SAMPLING_OF_BATCH = select(BATCHES.c.sampling, BATCHES.c.history).where(BATCHES.c.id == bindparam("batch_id"))
 #: the job's task config, read by the claim's own statement (a RETURNING subquery).
 _CONFIG_OF_GROUP = (
     select(GROUPS.c.config).where(GROUPS.c.id == JOBS.c.group_id).correlate(JOBS).scalar_subquery().label("config")
@@ -130,7 +130,7 @@ TAKE_FINISH_SEQS = (
     .returning(BATCHES.c.finished_jobs)
 )
 #: what EVAL reads of RUN's trajectory.
-TRAJECTORY_ARRAYS = ("token_ids", "logprobs", "loss_mask", "turn_offsets", "weight_versions", "info")
+TRAJECTORY_ARRAYS = ("token_ids", "logprobs", "loss_mask", "turn_offsets", "weight_versions", "segments", "info")
 LOAD_TRAJECTORY = select(*(TRAJECTORIES.c[name] for name in TRAJECTORY_ARRAYS)).where(
     TRAJECTORIES.c.job_id == bindparam("job_id")
 )
@@ -180,6 +180,7 @@ _TRAJECTORY_VALUES = (
     "loss_mask",
     "turn_offsets",
     "weight_versions",
+    "segments",
     "info",
     "reward",
     "metrics",

@@ -197,6 +197,7 @@ def test_history_round_trips_through_the_trial(db_url: str, history: str | None)
 
 
 def test_history_of_a_harness_job_is_in_its_harness_spec() -> None:
-    assert HarnessSpec().history == "exact" and HarnessSpec(history="template").history == "template"
+    # Unset, the batch's policy applies (StageContext.history, exact unless the batch says otherwise).
+    assert HarnessSpec().history is None and HarnessSpec(history="template").history == "template"
     with pytest.raises(ValidationError):
         HarnessSpec(history="rewrite")
