@@ -20,9 +20,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from farm.config import ProxySettings
 from farm.constants import Stage
 from farm.handlers.base import Sandboxes, StageContext, TaskHandler
 from farm.llm.types import FinishReason, GenerateResult, SamplingParams
+from farm.proxy.parsers import ParserNames, choose
 from farm.schemas import EvalResult, RunResult
 
 
@@ -63,6 +65,11 @@ class ScriptedResources:
     turns: list[str]
     llm: ScriptedLLM | None = None
     released: list[int] = field(default_factory=list)
+
+    @property
+    def parsers(self) -> ParserNames:
+        """As the worker chooses them with default settings: the family whose template the tokenizer carries."""
+        return choose(ProxySettings(), getattr(self.tokenizer, "chat_template", None))
 
     @asynccontextmanager
     async def _session(self) -> AsyncIterator[ScriptedLLM]:
