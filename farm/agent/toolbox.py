@@ -6,8 +6,8 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from farm.agent.loop import SUBMIT, SUBMIT_SPEC
-from farm.agent.turns import CALL_SHAPES
+from farm.agent.loop import SUBMIT_SPEC
+from farm.agent.turns import CALL_SHAPES, SUBMIT
 from farm.tools.base import ToolResult
 from farm.tools.client import ToolClient
 from farm.tools.schema import TOOL_SPECS, describe_specs
