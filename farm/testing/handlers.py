@@ -26,6 +26,7 @@ from farm.handlers.base import Sandboxes, StageContext, TaskHandler
 from farm.llm.types import FinishReason, GenerateResult, SamplingParams
 from farm.proxy.parsers import ParserNames, choose
 from farm.schemas import EvalResult, RunResult
+from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
 
 
 class ScriptedLLM:
@@ -95,7 +96,13 @@ class StagesRun:
 
 
 def stage_context(
-    stage: Stage, llm: ScriptedResources, sandboxes: Sandboxes, *, attempt: int = 1, job_id: int = 1
+    stage: Stage,
+    llm: ScriptedResources,
+    sandboxes: Sandboxes,
+    *,
+    attempt: int = 1,
+    job_id: int = 1,
+    history: TrialHistory = DEFAULT_HISTORY,
 ) -> StageContext:
     return StageContext(
         job_id=job_id,
@@ -106,15 +113,23 @@ def stage_context(
         sampling=SamplingParams(max_tokens=2000, temperature=1.0),
         seed=0,
         deadline=time.monotonic() + 120,
+        history=history,
         llm=llm,
         sandboxes=sandboxes,
     )
 
 
 def run_stages(
-    handler: TaskHandler[Any], config: dict[str, Any], turns: list[str], *, sandboxes: Any, tokenizer: Any
+    handler: TaskHandler[Any],
+    config: dict[str, Any],
+    turns: list[str],
+    *,
+    sandboxes: Any,
+    tokenizer: Any,
+    history: TrialHistory = DEFAULT_HISTORY,
 ) -> StagesRun:
-    """INIT, RUN, EVAL (when RUN's outcome is scored) and teardown, as the pipeline calls them."""
+    """INIT, RUN, EVAL (when RUN's outcome is scored) and teardown, as the pipeline calls them;
+    ``history`` is the batch's history policy."""
     from farm.constants import POLICY_OUTCOMES
 
     llm = ScriptedResources(tokenizer=tokenizer, turns=turns)
@@ -122,7 +137,7 @@ def run_stages(
     state = asyncio.run(handler.init(cfg, stage_context(Stage.INIT, llm, sandboxes)))
     evaluated = None
     try:
-        run = asyncio.run(handler.run(cfg, state, stage_context(Stage.RUN, llm, sandboxes)))
+        run = asyncio.run(handler.run(cfg, state, stage_context(Stage.RUN, llm, sandboxes, history=history)))
         state = state.updated(run.state)
         if run.outcome in POLICY_OUTCOMES:
             evaluated = asyncio.run(
