@@ -120,7 +120,7 @@ def stage_context(
 
 
 def run_stages(
-    handler: TaskHandler[Any],
+    handler: TaskHandler[Any, Any],
     config: dict[str, Any],
     turns: list[str],
     *,
