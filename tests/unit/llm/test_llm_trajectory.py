@@ -159,3 +159,20 @@ def test_trajectory_fork_names_what_the_template_rendered_differently(tiny_token
     traj = builder.build()
     assert [fork.reason for fork in traj.forks] == [f"the template renders the earlier turns differently once {reason}"]
     assert traj.token_ids == rendered(tokenizer, builder.messages)
+
+
+def test_trajectory_a_segment_the_model_never_saw_is_an_unseen_tail(tiny_tokenizer):
+    # An episode that ends right after a fork: the fresh rendering was never sent to the model.
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = TRIMS_PAST_REPLIES
+    builder = TrajectoryBuilder(tokenizer=tokenizer, messages=[{"role": "user", "content": "hi"}], history="template")
+    reply = completion(tokenizer, "  spaced out  ")
+    builder.add_completion(reply)
+    before = builder.build()
+    builder.add_messages([{"role": "user", "content": "next"}])
+    kept = builder.build()
+    main, others = kept.segments()
+    assert main.token_ids == before.token_ids and [s.token_ids for s in others] == [kept.token_ids]
+    cut = builder.build()
+    assert cut.through_last_model_turn() == len(kept.token_ids)
+    assert cut.forks == [] and cut.token_ids == before.token_ids and cut.segments() == (cut.as_segment(), [])
