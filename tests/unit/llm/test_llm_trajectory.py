@@ -82,14 +82,21 @@ TRIMS_PAST_REPLIES = CHAT_TEMPLATE.replace(
 )
 
 
-def test_trajectory_template_policy_forks_where_the_template_rewrites_a_past_reply(tiny_tokenizer):
+def _past_reply_rewritten(tiny_tokenizer, history):
+    """A reply the template trims once a user turn follows it: (builder, reply, the trajectory before the turn)."""
     tokenizer = copy.deepcopy(tiny_tokenizer)
     tokenizer.chat_template = TRIMS_PAST_REPLIES
-    builder = TrajectoryBuilder(tokenizer=tokenizer, messages=[{"role": "user", "content": "hi"}], history="template")
+    builder = TrajectoryBuilder(tokenizer=tokenizer, messages=[{"role": "user", "content": "hi"}], history=history)
     reply = completion(tokenizer, "  spaced out  ")
     builder.add_completion(reply)
     before = builder.build()
     builder.add_messages([{"role": "user", "content": "next"}])
+    return builder, reply, before
+
+
+def test_trajectory_template_policy_forks_where_the_template_rewrites_a_past_reply(tiny_tokenizer):
+    builder, reply, before = _past_reply_rewritten(tiny_tokenizer, "template")
+    tokenizer = builder.tokenizer
     traj = builder.build()
 
     assert len(traj.forks) == 1
@@ -104,13 +111,8 @@ def test_trajectory_template_policy_forks_where_the_template_rewrites_a_past_rep
 
 
 def test_trajectory_exact_policy_keeps_the_sampled_reply_where_the_template_rewrites_it(tiny_tokenizer):
-    tokenizer = copy.deepcopy(tiny_tokenizer)
-    tokenizer.chat_template = TRIMS_PAST_REPLIES
-    builder = TrajectoryBuilder(tokenizer=tokenizer, messages=[{"role": "user", "content": "hi"}])
-    reply = completion(tokenizer, "  spaced out  ")
-    builder.add_completion(reply)
-    before = builder.build()
-    builder.add_messages([{"role": "user", "content": "next"}])
+    builder, reply, before = _past_reply_rewritten(tiny_tokenizer, "exact")
+    tokenizer = builder.tokenizer
     traj = builder.build()
 
     assert traj.forks == []
@@ -163,13 +165,7 @@ def test_trajectory_fork_names_what_the_template_rendered_differently(tiny_token
 
 def test_trajectory_a_segment_the_model_never_saw_is_an_unseen_tail(tiny_tokenizer):
     # An episode that ends right after a fork: the fresh rendering was never sent to the model.
-    tokenizer = copy.deepcopy(tiny_tokenizer)
-    tokenizer.chat_template = TRIMS_PAST_REPLIES
-    builder = TrajectoryBuilder(tokenizer=tokenizer, messages=[{"role": "user", "content": "hi"}], history="template")
-    reply = completion(tokenizer, "  spaced out  ")
-    builder.add_completion(reply)
-    before = builder.build()
-    builder.add_messages([{"role": "user", "content": "next"}])
+    builder, _, before = _past_reply_rewritten(tiny_tokenizer, "template")
     kept = builder.build()
     main, others = kept.segments()
     assert main.token_ids == before.token_ids and [s.token_ids for s in others] == [kept.token_ids]
