@@ -35,7 +35,7 @@ from farm.agent.record import ActionLog
 from farm.agent.toolcalls import ToolCall
 from farm.agent.turns import SUBMIT, TurnReader, no_call_hint
 from farm.constants import Outcome
-from farm.errors import Cancelled, ContextLengthExceeded, UpstreamStatusError
+from farm.errors import Cancelled, ContextLengthExceeded, TemplateRefused, UpstreamStatusError
 from farm.llm.session import until_cancelled
 from farm.llm.trajectory import TokenTrajectory, TrajectoryBuilder
 from farm.llm.types import FinishReason, GenerateResult, SamplingParams
@@ -281,7 +281,10 @@ async def run_episode(
         if not turn.calls and not turn.errors:
             if answer_in_text:
                 return end(Outcome.OK, None)
-            builder.add_messages([{"role": "user", "content": reader.no_call_hint}])
+            try:
+                builder.add_messages([{"role": "user", "content": reader.no_call_hint}])
+            except TemplateRefused as exc:
+                return end(Outcome.AGENT_ERROR, str(exc))
             continue
 
         messages: list[dict[str, Any]] = []
@@ -314,4 +317,8 @@ async def run_episode(
         if submit is not None:
             episode.submitted = submit.arguments
             return end(Outcome.OK, None)
-        builder.add_messages(messages)
+        try:
+            builder.add_messages(messages)
+        except TemplateRefused as exc:
+            # The policy wrote what its family's template cannot render (two calls where it takes one).
+            return end(Outcome.AGENT_ERROR, str(exc))

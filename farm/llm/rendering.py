@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from farm.errors import TemplateFork
+from farm.errors import TemplateFork, TemplateRefused
 
 #: content for an assistant message whose rendering shows what the template writes after one.
 SENTINEL = "FARM-PROXY-SENTINEL-3f9c"
@@ -90,13 +90,23 @@ class ChatRenderer:
         self.special_ids = frozenset(special | ({eos} if eos is not None else set()))
 
     def render(self, messages: Sequence[Message], tools: Tools | None, *, generation_prompt: bool) -> str:
-        text = self.tokenizer.apply_chat_template(
-            list(messages),
-            tools=list(tools) if tools else None,
-            tokenize=False,
-            add_generation_prompt=generation_prompt,
-            **self.template_kwargs,
-        )
+        """The conversation as the template writes it.
+
+        Raises:
+            TemplateRefused: the template raised (the conversation is not one it renders).
+        """
+        from jinja2 import TemplateError  # what chat templates need anyway; transformers does not require it
+
+        try:
+            text = self.tokenizer.apply_chat_template(
+                list(messages),
+                tools=list(tools) if tools else None,
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+                **self.template_kwargs,
+            )
+        except TemplateError as exc:
+            raise TemplateRefused(f"the chat template refuses the conversation: {exc}") from exc
         return str(text)
 
     def encode(self, text: str) -> list[int]:

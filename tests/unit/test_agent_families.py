@@ -171,6 +171,14 @@ def test_llama3_json_calls_and_a_template_that_rewrites_nothing(family_tokenizer
         assert run.tools.calls == [("echo", {"text": "a"})]
         assert 'Call a tool as {"name": ..., "parameters": {...}}' in run.tok.decode(run.llm.prompts[2])
     assert runs[0].episode.trajectory.token_ids == runs[1].episode.trajectory.token_ids
+    # Two calls in one reply: Llama 3.1's template renders one per reply, so the episode ends there.
+    both = '{"name": "echo", "parameters": {"text": "a"}}; {"name": "echo", "parameters": {"text": "b"}}'
+    refused = Run(family_tokenizer("llama3"), [both], "exact")
+    assert refused.episode.outcome is Outcome.AGENT_ERROR and refused.tools.calls == [
+        ("echo", {"text": "a"}),
+        ("echo", {"text": "b"}),
+    ]
+    assert "only supports single tool-calls" in (refused.episode.reason or "")
 
 
 def test_deepseek_r1_reasoning_split_one_segment_under_exact(family_tokenizer: Callable[[str], Any]) -> None:
