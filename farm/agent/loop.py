@@ -7,7 +7,9 @@ One episode, token in and token out::
 
 The prompt the backend sees is always ``builder.prompt_ids``: the sampled ids of every turn
 stay exactly as the backend returned them and observations are appended as the chat
-template's delta (:mod:`farm.llm.trajectory`), so what is stored is what was sampled.
+template's text for them, under the batch's history policy (:mod:`farm.llm.trajectory`), so
+what is stored is what was sampled. Each turn is read with the served model's parsers
+(:mod:`farm.agent.turns`): its reasoning, its answer and its tool calls in the family's format.
 
 How an episode ends is data, never an exception, as long as the policy is responsible:
 
