@@ -48,6 +48,8 @@
                                         field and code, written by each wire format in its own shape
     TemplateFork(Exception)             the chat template cannot extend a trial's history append-only
                                         (the proxy starts a new segment, and says why)
+    TemplateRefused(Exception)          the chat template raised on a conversation (Llama 3.1 takes one
+                                        call per reply; the agent loop ends the episode as agent_error)
     NoCallOpening(Exception)            the template writes no ``<tool_call>`` opening after a history
                                         (a forced tool call cannot be primed)
 
@@ -348,6 +350,11 @@ class ProxyError(Exception):
 
 class TemplateFork(Exception):
     """The template cannot extend this history append-only; the message says how."""
+
+
+class TemplateRefused(Exception):
+    """The chat template refuses to render the conversation (it raised: Llama 3.1's takes one tool
+    call per reply); the message is the template's."""
 
 
 class NoCallOpening(Exception):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -272,5 +273,21 @@ def family_model_dir(families_dir: Path, tmp_path_factory: pytest.TempPathFactor
         if name not in built:
             built[name] = make_tiny(tmp_path_factory.mktemp(f"family-{name}"), family=name, families_dir=families_dir)
         return built[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def family_tokenizer(family_model_dir: Callable[[str], Path]) -> Callable[[str], Any]:
+    """``family_tokenizer(name)``: the tokenizer the built-in backend loads from the family's model
+    folder, loaded once per session (a Qwen one takes seconds). Do not change it: it is shared."""
+    from transformers import AutoTokenizer
+
+    loaded: dict[str, Any] = {}
+
+    def get(name: str) -> Any:
+        if name not in loaded:
+            loaded[name] = AutoTokenizer.from_pretrained(family_model_dir(name))
+        return loaded[name]
 
     return get

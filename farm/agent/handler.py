@@ -31,14 +31,15 @@ from typing_extensions import TypeVar
 
 from farm.agent.loop import Budgets, Episode, run_episode
 from farm.agent.record import ACTIONS_KEY
-from farm.agent.toolbox import SandboxToolbox
+from farm.agent.toolbox import SandboxToolbox, ToolSpecs
 from farm.errors import SandboxError, TaskSetupFailed
 from farm.handlers.base import ConfigT, HandlerState, StageContext, TaskHandler
-from farm.llm.trajectory import TrajectoryBuilder
+from farm.llm.rendering import ChatRenderer
+from farm.llm.trajectory import TokenSegment, TrajectoryBuilder
 from farm.sandbox.base import Sandbox, SandboxSpec
 from farm.sandbox.prepared import Prepared, copy_out
 from farm.sandbox.registry import remove_tree
-from farm.schemas import RunResult, TrajectoryData
+from farm.schemas import RunResult, SegmentData, TrajectoryData
 from farm.tools.base import ToolResult
 
 #: state key of the job's sandbox id.
@@ -117,7 +118,9 @@ class AgentHandler(TaskHandler[ConfigT, AgentStateT]):
         return ["bash", "editor"]
 
     def messages(self, config: ConfigT, state: AgentStateT, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The first messages (system with ``specs`` described, then the task)."""
+        """The first messages (system with ``specs`` described, then the task). ``specs`` is a
+        ``ToolSpecs``: ``farm.agent.toolbox.system_prompt`` leaves the tools to a chat template that
+        describes them itself."""
         raise NotImplementedError(f"{type(self).__name__} must give the first messages of its task")
 
     def budgets(self, config: ConfigT) -> Budgets:
@@ -219,10 +222,21 @@ class AgentHandler(TaskHandler[ConfigT, AgentStateT]):
     ) -> RunResult:
         llm = ctx.llm
         tools = SandboxToolbox(sandbox.tools(), self.tool_names(config)) if sandbox is not None else None
-        specs = [dict(spec) for spec in tools.specs] if tools is not None else []
+        raw = [dict(spec) for spec in tools.specs] if tools is not None else []
         tokenizer = await asyncio.to_thread(lambda: llm.tokenizer)
+        parsers = await asyncio.to_thread(lambda: llm.parsers)
+        # A family's template writes the tools and how to call them: the system prompt need not.
+        described = bool(raw) and await asyncio.to_thread(ChatRenderer(tokenizer).renders_tools)
+        specs = ToolSpecs(raw, described_by_template=described, call_format=parsers.tool_calls)
         messages = self.messages(config, state, specs)
-        builder = await asyncio.to_thread(TrajectoryBuilder, tokenizer=tokenizer, messages=messages)
+        builder = await asyncio.to_thread(
+            lambda: TrajectoryBuilder(
+                tokenizer=tokenizer,
+                messages=messages,
+                tools=[{"type": "function", "function": spec} for spec in raw] or None,
+                history=ctx.history,
+            )
+        )
         setup_s = time.monotonic() - started
         async with llm.session(ctx.job_id) as session:
             episode = await run_episode(
@@ -234,6 +248,7 @@ class AgentHandler(TaskHandler[ConfigT, AgentStateT]):
                 deadline=ctx.deadline,
                 is_cancelled=ctx.is_cancelled,
                 answer_in_text=self.answer_in_text,
+                parsers=parsers,
             )
             held = {"aborted_turns": session.aborted_turns, "paused_s": round(session.paused_s, 3)}
         collect_started = time.monotonic()
@@ -241,13 +256,12 @@ class AgentHandler(TaskHandler[ConfigT, AgentStateT]):
         # Time spent outside the episode proper: attaching, the first prompt, taking the result out.
         episode.timings["setup_s"] = round(setup_s, 6)
         episode.timings["collect_s"] = round(time.monotonic() - collect_started, 6)
-        built = episode.trajectory
+        # The segment with the last model turn is the trajectory's arrays; the others (a template
+        # that rewrote the history under ``template``) go with it, so no sampled id is lost.
+        main, others = episode.trajectory.segments()
         trajectory = TrajectoryData(
-            token_ids=built.token_ids,
-            logprobs=built.logprobs,
-            loss_mask=built.loss_mask,
-            turn_offsets=[span.start for span in built.turns],
-            weight_versions=built.weight_versions,
+            **_arrays(main),
+            segments=[SegmentData(**_arrays(segment)) for segment in others],
             # What weight updates cost this episode: turns re-issued after an abort, time held; and
             # which prepared workspace it started from.
             info={
@@ -308,6 +322,16 @@ class AgentHandler(TaskHandler[ConfigT, AgentStateT]):
         """The agent's answer: ``submit``'s ``answer`` argument, else its last reply."""
         answer = (state.submitted or {}).get("answer")
         return answer if isinstance(answer, str) and answer.strip() else state.final_text
+
+
+def _arrays(segment: TokenSegment) -> dict[str, Any]:
+    return {
+        "token_ids": segment.token_ids,
+        "logprobs": segment.logprobs,
+        "loss_mask": segment.loss_mask,
+        "turn_offsets": [span.start for span in segment.turns],
+        "weight_versions": segment.weight_versions,
+    }
 
 
 def _sandbox_id(state: AgentState) -> str:

@@ -7,7 +7,9 @@ One episode, token in and token out::
 
 The prompt the backend sees is always ``builder.prompt_ids``: the sampled ids of every turn
 stay exactly as the backend returned them and observations are appended as the chat
-template's delta (:mod:`farm.llm.trajectory`), so what is stored is what was sampled.
+template's text for them, under the batch's history policy (:mod:`farm.llm.trajectory`), so
+what is stored is what was sampled. Each turn is read with the served model's parsers
+(:mod:`farm.agent.turns`): its reasoning, its answer and its tool calls in the family's format.
 
 How an episode ends is data, never an exception, as long as the policy is responsible:
 
@@ -32,16 +34,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from farm.agent.record import ActionLog
-from farm.agent.toolcalls import ToolCall, errors_text, parse_tool_calls
+from farm.agent.toolcalls import ToolCall
+from farm.agent.turns import SUBMIT, TurnReader, no_call_hint
 from farm.constants import Outcome
-from farm.errors import Cancelled, ContextLengthExceeded, UpstreamStatusError
+from farm.errors import Cancelled, ContextLengthExceeded, TemplateRefused, UpstreamStatusError
 from farm.llm.session import until_cancelled
 from farm.llm.trajectory import TokenTrajectory, TrajectoryBuilder
 from farm.llm.types import FinishReason, GenerateResult, SamplingParams
+from farm.proxy.parsers import ParserNames
 from farm.tools.base import ToolResult
 
-#: the tool that ends an episode; the shipped handlers all add it.
-SUBMIT = "submit"
+#: the tool that ends an episode (``SUBMIT``); the shipped handlers all add it.
 SUBMIT_SPEC: dict[str, Any] = {
     "name": SUBMIT,
     "description": "Call this once the task is done. Your work is graded as it stands when you call it.",
@@ -51,11 +54,9 @@ SUBMIT_SPEC: dict[str, Any] = {
         "required": [],
     },
 }
-#: what the agent is told when a turn has neither a tool call nor an answer the task accepts.
-NO_CALL_HINT = (
-    'No tool call found. Call a tool as <tool_call>{"name": ..., "arguments": {...}}</tool_call>, '
-    f"or call {SUBMIT} when you are done."
-)
+#: what the agent is told when a turn has neither a tool call nor an answer the task accepts (hermes;
+#: another format's hint shows that format: ``farm.agent.turns.no_call_hint``).
+NO_CALL_HINT = no_call_hint("hermes")
 #: an observation longer than this many characters is cut in the middle (tools cap their own output too).
 MAX_OBSERVATION_CHARS = 16_000
 
@@ -188,6 +189,7 @@ async def run_episode(
     deadline: float | None = None,
     is_cancelled: Callable[[], bool] = lambda: False,
     answer_in_text: bool = False,
+    parsers: ParserNames | None = None,
 ) -> Episode:
     """Run one episode from ``builder``'s first prompt to its end (see the module docstring).
 
@@ -197,6 +199,8 @@ async def run_episode(
             (the stage's own deadline); ``budgets.wall_time_s`` may make it earlier.
         answer_in_text: a reply without a tool call ends the episode (its text is the answer),
             instead of being answered with a reminder to call a tool.
+        parsers: how the served model writes reasoning and tool calls (``farm.proxy.parsers.choose``);
+            None: hermes calls, no reasoning (the tiny model's).
 
     Raises:
         UpstreamError: the backend failed (other than a context-length refusal).
@@ -207,6 +211,7 @@ async def run_episode(
         own = clock.start + budgets.wall_time_s
         deadline = own if deadline is None else min(deadline, own)
     specs = [dict(spec) for spec in tools.specs] if tools is not None else []
+    reader = TurnReader(parsers, specs)
     episode = Episode(outcome=Outcome.OK, reason=None, trajectory=builder.build())
 
     def end(outcome: Outcome, reason: str | None) -> Episode:
@@ -261,7 +266,9 @@ async def run_episode(
         finally:
             clock.model_s += time.monotonic() - t0
 
-        text = builder.add_completion(result)
+        text = builder.text_of(result)
+        turn = reader.read(text)
+        builder.add_completion(result, turn.message)
         episode.turns += 1
         episode.sampled_tokens += len(result.token_ids)
         episode.finish_reasons.append(result.finish_reason.value)
@@ -273,19 +280,25 @@ async def run_episode(
 
         if tools is None:
             return end(Outcome.OK, None)
-        parsed = parse_tool_calls(text, specs)
-        if not parsed.calls and not parsed.errors:
+        if not turn.calls and not turn.errors:
             if answer_in_text:
                 return end(Outcome.OK, None)
-            builder.add_messages([{"role": "user", "content": NO_CALL_HINT}])
+            try:
+                builder.add_messages([{"role": "user", "content": reader.no_call_hint}])
+            except TemplateRefused as exc:
+                return end(Outcome.AGENT_ERROR, str(exc))
             continue
 
         messages: list[dict[str, Any]] = []
-        if parsed.errors:
-            episode.bad_calls += len(parsed.errors)
-            messages.append({"role": "tool", "content": errors_text(parsed.errors)})
+        if turn.errors:
+            episode.bad_calls += len(turn.errors)
+            answered = next((e.call_id for e in turn.errors if e.call_id), None)
+            messages.append(
+                {"role": "tool", "content": reader.errors_text(turn.errors)}
+                | ({"tool_call_id": answered} if answered else {})
+            )
         submit: ToolCall | None = None
-        for tool_call in parsed.calls:
+        for tool_call in turn.calls:
             if tool_call.name == SUBMIT:
                 submit = tool_call
                 break  # calls after submit are not run: the work is graded as it stands
@@ -302,8 +315,12 @@ async def run_episode(
             episode.actions.add(
                 turn=episode.turns - 1, tool=tool_call.name, arguments=tool_call.arguments, observation=seen
             )
-            messages.append({"role": "tool", "name": tool_call.name, "content": seen})
+            messages.append({"role": "tool", "tool_call_id": tool_call.id, "name": tool_call.name, "content": seen})
         if submit is not None:
             episode.submitted = submit.arguments
             return end(Outcome.OK, None)
-        builder.add_messages(messages)
+        try:
+            builder.add_messages(messages)
+        except TemplateRefused as exc:
+            # The policy wrote what its family's template cannot render (two calls where it takes one).
+            return end(Outcome.AGENT_ERROR, str(exc))

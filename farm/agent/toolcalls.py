@@ -50,11 +50,13 @@ FENCE = "`" * 3
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One well-formed call. ``index`` is its position among the turn's blocks."""
+    """One well-formed call. ``index`` is its position among the turn's blocks; ``id`` the call id
+    its tool result answers (given by the loop's reader, ``farm.agent.turns``)."""
 
     name: str
     arguments: dict[str, Any]
     index: int
+    id: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class ToolCallError:
     message: str
     index: int | None = None
     name: str | None = None
+    #: the id of the call it is about, where the model's call was read as one.
+    call_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -172,36 +176,55 @@ def _parse_block(body: str, index: int, tools: Mapping[str, Mapping[str, Any]] |
             index,
             name,
         )
+    return check_call(name, arguments, index, tools)
+
+
+def check_call(
+    name: str,
+    arguments: dict[str, Any],
+    index: int,
+    tools: Mapping[str, Mapping[str, Any]] | None,
+    *,
+    call_id: str = "",
+) -> ToolCall | ToolCallError:
+    """A call read from the model's turn, checked against ``tools`` (by name; None accepts any call):
+    an unknown tool or arguments that do not fit its spec come back as the error the model reads."""
     if tools is not None:
         spec = tools.get(name)
         if spec is None:
             known = ", ".join(sorted(tools)) or "none"
-            return ToolCallError("unknown_tool", f"unknown tool {name!r}; available tools: {known}", index, name)
+            return ToolCallError(
+                "unknown_tool", f"unknown tool {name!r}; available tools: {known}", index, name, call_id or None
+            )
         problems = check_arguments(spec, arguments)
         if problems:
-            return ToolCallError("bad_arguments", f"tool call {index} ({name}): " + "; ".join(problems), index, name)
-    return ToolCall(name=name, arguments=arguments, index=index)
+            message = f"tool call {index} ({name}): " + "; ".join(problems)
+            return ToolCallError("bad_arguments", message, index, name, call_id or None)
+    return ToolCall(name=name, arguments=arguments, index=index, id=call_id)
 
 
-def parse_tool_calls(text: str, tools: Sequence[Mapping[str, Any]] | None = None) -> ParsedTurn:
+def parse_tool_calls(
+    text: str, tools: Sequence[Mapping[str, Any]] | None = None, *, first_index: int = 0
+) -> ParsedTurn:
     """Find every ``<tool_call>`` block of a model turn; never raises.
 
     Args:
         text: the model's decoded turn.
         tools: tool specs to check names and arguments against; None accepts any call.
+        first_index: the index of the first block (the text is part of a turn with calls before it).
     """
     try:
-        return _parse(text, tools)
+        return _parse(text, tools, first_index)
     except Exception as exc:  # noqa: BLE001 - the contract is "never raises": report, don't crash the loop
         return ParsedTurn(errors=[ToolCallError("internal", f"the tool call could not be read ({type(exc).__name__})")])
 
 
-def _parse(text: str, tools: Sequence[Mapping[str, Any]] | None) -> ParsedTurn:
+def _parse(text: str, tools: Sequence[Mapping[str, Any]] | None, first_index: int) -> ParsedTurn:
     by_name = None if tools is None else {str(t.get("name")): t for t in tools}
     calls: list[ToolCall] = []
     errors: list[ToolCallError] = []
     prose: list[str] = []
-    pos, index = 0, 0
+    pos, index = 0, first_index
     while True:
         match = _TAG.search(text, pos)
         if match is None:
@@ -259,14 +282,17 @@ def format_response(content: str, *, name: str | None = None, is_error: bool = F
     return f"<tool_response{attrs}>\n{safe}\n{RESPONSE_CLOSE_TAG}"
 
 
-def errors_text(errors: Sequence[ToolCallError]) -> str:
-    """What was wrong with a turn's calls, and the expected format, as the model reads it.
+#: how the errors' hint shows a hermes call.
+CALL_SHAPE = f'{OPEN_TAG}{{"name": "<tool>", "arguments": {{...}}}}{CLOSE_TAG}'
+
+
+def errors_text(errors: Sequence[ToolCallError], *, call_shape: str = CALL_SHAPE) -> str:
+    """What was wrong with a turn's calls, and the expected format (``call_shape``), as the model reads it.
 
     Plain text for a ``tool`` message (templates that wrap tool results add the tags themselves).
     """
     lines = [f"- {e.message}" for e in errors]
-    hint = f'Write each call as {OPEN_TAG}{{"name": "<tool>", "arguments": {{...}}}}{CLOSE_TAG}.'
-    return "\n".join(["Your tool call could not be run:", *lines, hint])
+    return "\n".join(["Your tool call could not be run:", *lines, f"Write each call as {call_shape}."])
 
 
 def format_errors(errors: Sequence[ToolCallError]) -> str:

@@ -31,6 +31,7 @@ from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
 if TYPE_CHECKING:  # types only: importing this module must not load sandboxes or the LLM layer
     from farm.llm.trajectory import ChatTokenizer
     from farm.llm.types import GenerateResult
+    from farm.proxy.parsers import ParserNames
     from farm.sandbox.base import Sandbox, SandboxSpec
     from farm.sandbox.prepared import Prepared
 
@@ -104,6 +105,12 @@ class LLM(Protocol):
     @property
     def tokenizer(self) -> ChatTokenizer:
         """The policy's tokenizer, loaded on first use (blocking: call through a thread)."""
+        ...
+
+    @property
+    def parsers(self) -> ParserNames:
+        """How the policy writes tool calls and reasoning (``farm.proxy.parsers.choose``: the proxy's
+        settings, else its template's family); blocking, it may load the tokenizer."""
         ...
 
     def session(self, job_id: int) -> AbstractAsyncContextManager[LLMSession]:

@@ -36,13 +36,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from farm.errors import NoCallOpening, TemplateFork
-from farm.llm.trajectory import ChatTokenizer
+from farm.errors import NoCallOpening
+from farm.llm.rendering import ChatRenderer, ChatTokenizer, ExactDelta
 from farm.proxy.conversation import Message, Tool, ToolCall
 from farm.proxy.toolparse.hermes import OPEN_TAG
 
-#: content for an assistant message whose rendering shows what the template writes after one.
-SENTINEL = "FARM-PROXY-SENTINEL-3f9c"
 #: a tool name and an argument key for a probe call: where the template writes the name and the arguments.
 PROBE_NAME = "farm_proxy_probe_3f9c"
 PROBE_KEY = "farm_proxy_probe_arg_3f9c"
@@ -91,146 +89,64 @@ class Continuity:
         return out
 
 
-@dataclass(frozen=True)
-class ExactDelta:
-    """What ``Renderer.exact_delta`` appends to the parent's ids, and how the template would have
-    written the parent's reply instead (None: the template renders it where the model's ids are)."""
-
-    ids: list[int]
-    #: the template's ids for the reply as it renders it now, before the new messages (None: unknown,
-    #: the template also renders turns before the reply differently).
-    reply_as_rendered: list[int] | None
-    #: False when the template renders the history as the parent's prompt and reply, the new part after.
-    rewritten: bool
-    #: the parent's last sampled id ended its turn where the template writes that end (not appended again).
-    turn_ended: bool
-
-    def rewrite(self, end_ids: Sequence[int], sampled: int) -> tuple[int, int] | None:
-        """(ids of the reply the template would drop, ids it would write instead), from the parent's
-        ``end_ids`` of which the last ``sampled`` were sampled; None when not known.
-
-        The two are aligned from the end: what the template writes before the reply's common tail
-        with the model's ids is what it changed (Qwen3: the ``<think>`` block). Forced ids (a
-        ``tool_choice`` prefill) precede the sampled ones in ``end_ids`` and so align as they are.
-        """
-        rendered = self.reply_as_rendered
-        if rendered is None:
-            return None
-        ids = list(end_ids[:-1] if self.turn_ended and end_ids else end_ids)
-        reply = sampled - (1 if self.turn_ended and sampled else 0)
-        common = 0
-        while common < min(len(rendered), len(ids)) and rendered[-1 - common] == ids[-1 - common]:
-            common += 1
-        return max(0, reply - common), len(rendered) - common
-
-
 class Renderer:
-    """Renders requests with the policy's chat template into token ids."""
+    """Renders the proxy's requests with the policy's chat template into token ids: its messages
+    and tools in the template's shape, through the shared ``farm.llm.rendering.ChatRenderer``."""
 
     def __init__(self, tokenizer: ChatTokenizer, *, template_kwargs: dict[str, Any] | None = None) -> None:
+        self.chat = ChatRenderer(tokenizer, template_kwargs=template_kwargs)
         self.tokenizer = tokenizer
-        self.template_kwargs = template_kwargs or {}
-        special = set(getattr(tokenizer, "all_special_ids", None) or [])
-        eos = getattr(tokenizer, "eos_token_id", None)
-        #: ids a template writes as markers (the end of a turn...), never as text.
-        self.special_ids = frozenset(special | ({eos} if eos is not None else set()))
+        self.template_kwargs = self.chat.template_kwargs
+        self.special_ids = self.chat.special_ids
 
     def render(self, messages: Sequence[Message], tools: Sequence[Tool], *, generation_prompt: bool) -> str:
-        text = self.tokenizer.apply_chat_template(
-            [m.for_template() for m in messages],
-            tools=[t.for_template() for t in tools] or None,
-            tokenize=False,
-            add_generation_prompt=generation_prompt,
-            **self.template_kwargs,
-        )
-        return str(text)
+        return self.chat.render(_messages(messages), _tools(tools), generation_prompt=generation_prompt)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self.chat.encode(text)
 
     def fresh(self, messages: Sequence[Message], tools: Sequence[Tool]) -> list[int]:
         """The prompt of a call that starts a segment."""
-        return self.encode(self.render(messages, tools, generation_prompt=True))
+        return self.chat.fresh(_messages(messages), _tools(tools))
 
     def delta(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[Tool],
-        *,
-        covered: int,
-        last_sampled_id: int | None,
+        self, messages: Sequence[Message], tools: Sequence[Tool], *, covered: int, last_sampled_id: int | None
     ) -> list[int]:
-        """Ids to append to the parent's ids (its prompt + sampled ids) for ``messages``.
-
-        ``messages[:covered]`` is the parent's request plus its reply (``messages[covered - 1]``).
-        When the last id the parent sampled is a special token the template writes right after a
-        reply (the end of the turn), it is not added twice. That holds however the answer ended:
-        by that stop id, or cut by a stop string or after its first tool call in the same chunk of
-        the stream that carried the stop id (the record keeps every id sampled).
+        """``ChatRenderer.delta`` for the proxy's messages.
 
         Raises:
             TemplateFork: the template renders the earlier turns differently once more is added.
         """
-        earlier = list(messages[: covered - 1])
-        prompted = self.render(earlier, tools, generation_prompt=True)
-        probe = self.render([*earlier, Message(role="assistant", content=SENTINEL)], tools, generation_prompt=False)
-        at = probe.find(SENTINEL)
-        if not probe.startswith(prompted) or at < 0:
-            raise TemplateFork("the template renders the earlier turns differently once a reply follows them")
-        after_reply = probe[at + len(SENTINEL) :]
-        if last_sampled_id in self.special_ids:
-            marker = self.tokenizer.decode([last_sampled_id], skip_special_tokens=False)
-            if marker and after_reply.startswith(marker):
-                after_reply = after_reply[len(marker) :]
-        with_reply = self.render(messages[:covered], tools, generation_prompt=False)
-        full = self.render(messages, tools, generation_prompt=True)
-        if not full.startswith(with_reply):
-            raise TemplateFork("the template renders the earlier turns differently once the new messages follow")
-        return self.encode(after_reply + full[len(with_reply) :])
+        return self.chat.delta(_messages(messages), _tools(tools), covered=covered, last_sampled_id=last_sampled_id)
 
     def exact_delta(
+        self, messages: Sequence[Message], tools: Sequence[Tool], *, covered: int, last_sampled_id: int | None
+    ) -> ExactDelta:
+        """``ChatRenderer.exact_delta`` for the proxy's messages.
+
+        Raises:
+            TemplateFork: the template writes the new messages differently after this reply.
+        """
+        return self.chat.exact_delta(
+            _messages(messages), _tools(tools), covered=covered, last_sampled_id=last_sampled_id
+        )
+
+    def extension(
         self,
         messages: Sequence[Message],
         tools: Sequence[Tool],
         *,
         covered: int,
         last_sampled_id: int | None,
-    ) -> ExactDelta:
-        """Ids to append to the parent's ids for ``messages``, whatever the template does to earlier turns.
-
-        The new messages' text is the template's, in their place: the whole history rendered with a
-        sentinel for the reply, from just after the sentinel (the end of the reply's turn, the new
-        messages, the generation prompt). It must also end the history as rendered with the reply
-        itself, so a template that writes the new messages differently after this reply (after a tool
-        call, say) is caught rather than given text it would not write there.
+        history: str,
+    ) -> tuple[list[int], ExactDelta | None]:
+        """``ChatRenderer.extension`` for the proxy's messages.
 
         Raises:
-            TemplateFork: the template writes the new messages differently after this reply, or its
-                text for them cannot be told apart.
+            TemplateFork: the call cannot extend its parent under ``history`` (a new segment).
         """
-        earlier, added = list(messages[: covered - 1]), list(messages[covered:])
-        probe = self.render(
-            [*earlier, Message(role="assistant", content=SENTINEL), *added], tools, generation_prompt=True
-        )
-        at = probe.find(SENTINEL)
-        full = self.render(messages, tools, generation_prompt=True)
-        tail = probe[at + len(SENTINEL) :] if at >= 0 else ""
-        if at < 0 or not full.endswith(tail):
-            raise TemplateFork("the template renders the new messages differently after this reply")
-        written, turn_ended = tail, False
-        if last_sampled_id in self.special_ids:
-            marker = self.tokenizer.decode([last_sampled_id], skip_special_tokens=False)
-            if marker and written.startswith(marker):
-                written, turn_ended = written[len(marker) :], True
-        prompted = self.render(earlier, tools, generation_prompt=True)
-        reply = full[len(prompted) : len(full) - len(tail)] if full.startswith(prompted) else None
-        with_reply = self.render(messages[:covered], tools, generation_prompt=False)
-        rewritten = not (full.startswith(with_reply) and probe.startswith(prompted))
-        return ExactDelta(
-            ids=self.encode(written),
-            reply_as_rendered=self.encode(reply) if reply is not None else None,
-            rewritten=rewritten,
-            turn_ended=turn_ended,
+        return self.chat.extension(
+            _messages(messages), _tools(tools), covered=covered, last_sampled_id=last_sampled_id, history=history
         )
 
     def call_opening(self, messages: Sequence[Message], tools: Sequence[Tool], *, name: str | None) -> list[int]:
@@ -267,3 +183,11 @@ class Renderer:
                 break
             forced = ids[:k]
         return forced
+
+
+def _messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    return [m.for_template() for m in messages]
+
+
+def _tools(tools: Sequence[Tool]) -> list[dict[str, Any]]:
+    return [t.for_template() for t in tools]

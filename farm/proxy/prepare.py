@@ -276,23 +276,21 @@ def _extend(
     Raises:
         TemplateFork: the call cannot extend its parent under that policy (a new segment).
     """
-    # Where the template rewrites nothing, both policies are its delta (the same ids either way).
-    try:
-        return renderer.delta(messages, request.tools, covered=parent.covered, last_sampled_id=parent.last_sampled_id)
-    except TemplateFork:
-        if trial.history != "exact":
-            raise
-    found = renderer.exact_delta(
-        messages, request.tools, covered=parent.covered, last_sampled_id=parent.last_sampled_id
+    ids, found = renderer.extension(
+        messages,
+        request.tools,
+        covered=parent.covered,
+        last_sampled_id=parent.last_sampled_id,
+        history=trial.history,
     )
-    if found.rewritten:
+    if found is not None and found.rewritten:
         continuity.history = "exact"
         counts = found.rewrite(parent_ids.tolist(), parent.sampled_tokens or 0)
         if counts is None:
             continuity.notes.append("the template renders turns before the reply differently too: not counted")
         else:
             continuity.template_dropped_tokens, continuity.template_inserted_tokens = counts
-    return found.ids
+    return ids
 
 
 def _force_call(renderer: Renderer, messages: list[Message], request: ChatRequest, continuity: Continuity) -> list[int]:

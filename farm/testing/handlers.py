@@ -20,10 +20,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from farm.config import ProxySettings
 from farm.constants import Stage
 from farm.handlers.base import Sandboxes, StageContext, TaskHandler
 from farm.llm.types import FinishReason, GenerateResult, SamplingParams
+from farm.proxy.parsers import ParserNames, choose
 from farm.schemas import EvalResult, RunResult
+from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
 
 
 class ScriptedLLM:
@@ -64,6 +67,11 @@ class ScriptedResources:
     llm: ScriptedLLM | None = None
     released: list[int] = field(default_factory=list)
 
+    @property
+    def parsers(self) -> ParserNames:
+        """As the worker chooses them with default settings: the family whose template the tokenizer carries."""
+        return choose(ProxySettings(), getattr(self.tokenizer, "chat_template", None))
+
     @asynccontextmanager
     async def _session(self) -> AsyncIterator[ScriptedLLM]:
         assert self.llm is not None
@@ -88,7 +96,13 @@ class StagesRun:
 
 
 def stage_context(
-    stage: Stage, llm: ScriptedResources, sandboxes: Sandboxes, *, attempt: int = 1, job_id: int = 1
+    stage: Stage,
+    llm: ScriptedResources,
+    sandboxes: Sandboxes,
+    *,
+    attempt: int = 1,
+    job_id: int = 1,
+    history: TrialHistory = DEFAULT_HISTORY,
 ) -> StageContext:
     return StageContext(
         job_id=job_id,
@@ -99,15 +113,23 @@ def stage_context(
         sampling=SamplingParams(max_tokens=2000, temperature=1.0),
         seed=0,
         deadline=time.monotonic() + 120,
+        history=history,
         llm=llm,
         sandboxes=sandboxes,
     )
 
 
 def run_stages(
-    handler: TaskHandler[Any], config: dict[str, Any], turns: list[str], *, sandboxes: Any, tokenizer: Any
+    handler: TaskHandler[Any, Any],
+    config: dict[str, Any],
+    turns: list[str],
+    *,
+    sandboxes: Any,
+    tokenizer: Any,
+    history: TrialHistory = DEFAULT_HISTORY,
 ) -> StagesRun:
-    """INIT, RUN, EVAL (when RUN's outcome is scored) and teardown, as the pipeline calls them."""
+    """INIT, RUN, EVAL (when RUN's outcome is scored) and teardown, as the pipeline calls them;
+    ``history`` is the batch's history policy."""
     from farm.constants import POLICY_OUTCOMES
 
     llm = ScriptedResources(tokenizer=tokenizer, turns=turns)
@@ -115,7 +137,7 @@ def run_stages(
     state = asyncio.run(handler.init(cfg, stage_context(Stage.INIT, llm, sandboxes)))
     evaluated = None
     try:
-        run = asyncio.run(handler.run(cfg, state, stage_context(Stage.RUN, llm, sandboxes)))
+        run = asyncio.run(handler.run(cfg, state, stage_context(Stage.RUN, llm, sandboxes, history=history)))
         state = state.updated(run.state)
         if run.outcome in POLICY_OUTCOMES:
             evaluated = asyncio.run(

@@ -16,6 +16,7 @@ from farm.config import Settings
 from farm.llm.balancer import Balancer
 from farm.llm.session import ClientPool, LLMSession
 from farm.llm.tokenizer import load_tokenizer
+from farm.proxy.parsers import ParserNames, choose
 
 
 class LLMResources:
@@ -24,6 +25,7 @@ class LLMResources:
         self.balancer = Balancer.from_settings(redis_client, settings.llm)
         self._clients: ClientPool | None = None
         self._tokenizer: Any = None
+        self._parsers: ParserNames | None = None
         self._lock = threading.Lock()
 
     def session(self, job_id: int) -> LLMSession:
@@ -43,6 +45,14 @@ class LLMResources:
             if self._tokenizer is None:
                 self._tokenizer = load_tokenizer(self._settings)
             return self._tokenizer
+
+    @property
+    def parsers(self) -> ParserNames:
+        """The parsers the proxy would read the policy's answers with (its settings, else the family
+        whose template the tokenizer carries)."""
+        if self._parsers is None:
+            self._parsers = choose(self._settings.proxy, getattr(self.tokenizer, "chat_template", None))
+        return self._parsers
 
     def release(self, job_id: int) -> None:
         """Give the job's backend slot back (idempotent; for teardown after failures)."""

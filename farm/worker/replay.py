@@ -25,6 +25,7 @@ from farm.errors import NotReplayable
 from farm.handlers.base import StageContext
 from farm.handlers.registry import get_handler
 from farm.llm.trajectory import ChatTokenizer
+from farm.proxy.parsers import ParserNames
 from farm.schemas import SamplingParams
 from farm.schemas.trials import TrialHistory
 from farm.worker.sandboxes import SandboxResources
@@ -36,6 +37,10 @@ class _NoModel:
     @property
     def tokenizer(self) -> ChatTokenizer:
         raise NotReplayable("a replay has no model: this handler asked for the tokenizer")
+
+    @property
+    def parsers(self) -> ParserNames:
+        raise NotReplayable("a replay has no model: this handler asked for its parsers")
 
     def session(self, job_id: int) -> Any:
         raise NotReplayable("a replay has no model: this handler asked for an LLM session", job_id=job_id)

@@ -45,21 +45,6 @@ RENDERED_CALL = {
 THINKING = ["qwen3", "qwen3.5"]
 
 
-@pytest.fixture(scope="session")
-def family_tokenizer(family_model_dir):
-    """``family_tokenizer(name)``: the tokenizer the built-in backend loads from the family's model folder."""
-    from transformers import AutoTokenizer
-
-    loaded = {}
-
-    def get(name):
-        if name not in loaded:
-            loaded[name] = AutoTokenizer.from_pretrained(family_model_dir(name))
-        return loaded[name]
-
-    return get
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_family_tokenizer_matches_llama_cpp_test_vectors(name, families_dir, family_model_dir, family_tokenizer):
     from tokenizers import Tokenizer

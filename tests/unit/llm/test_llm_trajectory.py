@@ -75,23 +75,53 @@ def test_trajectory_length_cut_reply_gets_the_end_marker_from_the_template_unmas
     assert sum(traj.loss_mask) == len(cut.token_ids)
 
 
-def test_trajectory_records_a_fork_when_the_template_rewrites_the_reply(tiny_tokenizer):
+#: a template that trims a past reply once more follows it (as Qwen3 drops a past reply's reasoning).
+TRIMS_PAST_REPLIES = CHAT_TEMPLATE.replace(
+    "message['content'] or ''",
+    "(message['content'] or '') if loop.last or message['role'] != 'assistant' else (message['content'] or '') | trim",
+)
+
+
+def _past_reply_rewritten(tiny_tokenizer, history):
+    """A reply the template trims once a user turn follows it: (builder, reply, the trajectory before the turn)."""
     tokenizer = copy.deepcopy(tiny_tokenizer)
-    tokenizer.chat_template = CHAT_TEMPLATE.replace("message['content'] or ''", "(message['content'] or '') | trim")
-    builder = TrajectoryBuilder(tokenizer=tokenizer, messages=[{"role": "user", "content": "hi"}])
+    tokenizer.chat_template = TRIMS_PAST_REPLIES
+    builder = TrajectoryBuilder(tokenizer=tokenizer, messages=[{"role": "user", "content": "hi"}], history=history)
     reply = completion(tokenizer, "  spaced out  ")
     builder.add_completion(reply)
     before = builder.build()
     builder.add_messages([{"role": "user", "content": "next"}])
+    return builder, reply, before
+
+
+def test_trajectory_template_policy_forks_where_the_template_rewrites_a_past_reply(tiny_tokenizer):
+    builder, reply, before = _past_reply_rewritten(tiny_tokenizer, "template")
+    tokenizer = builder.tokenizer
     traj = builder.build()
 
     assert len(traj.forks) == 1
     fork = traj.forks[0]
-    assert "verbatim" in fork.reason
+    assert fork.reason == "the template renders the earlier turns differently once the new messages follow"
     assert fork.before.token_ids == before.token_ids  # the history up to the fork, untouched
     assert sum(fork.before.loss_mask) == len(reply.token_ids)
     assert traj.token_ids == rendered(tokenizer, builder.messages)  # a fresh segment from a full rendering
     assert sum(traj.loss_mask) == 0
+    main, others = traj.segments()
+    assert main.token_ids == before.token_ids and others == [traj.as_segment()]
+
+
+def test_trajectory_exact_policy_keeps_the_sampled_reply_where_the_template_rewrites_it(tiny_tokenizer):
+    builder, reply, before = _past_reply_rewritten(tiny_tokenizer, "exact")
+    tokenizer = builder.tokenizer
+    traj = builder.build()
+
+    assert traj.forks == []
+    assert traj.token_ids[: len(before.token_ids)] == before.token_ids
+    assert (
+        tokenizer.decode(traj.token_ids[len(before.token_ids) :])
+        == "\n<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert sum(traj.loss_mask) == len(reply.token_ids)
 
 
 def test_trajectory_rejects_two_model_turns_in_a_row(tiny_tokenizer):
@@ -111,22 +141,34 @@ def test_trajectory_rejects_new_messages_before_the_first_model_turn(tiny_tokeni
     ("content", "reason"),
     [
         # the last user message is rendered differently once a reply follows it
-        ("(message['content'] or '') + ('!' if loop.last and message['role'] == 'user' else '')", "reply is added"),
+        (
+            "(message['content'] or '') + ('!' if loop.last and message['role'] == 'user' else '')",
+            "a reply follows them",
+        ),
         # an earlier reply is rendered differently (as templates that drop old reasoning do)
         (
             "(message['content'] or '') if loop.last or message['role'] != 'assistant' else 'old'",
-            "new messages are added",
+            "the new messages follow",
         ),
     ],
 )
 def test_trajectory_fork_names_what_the_template_rendered_differently(tiny_tokenizer, content, reason):
     tokenizer = copy.deepcopy(tiny_tokenizer)
     tokenizer.chat_template = CHAT_TEMPLATE.replace("message['content'] or ''", content)
-    builder = TrajectoryBuilder(tokenizer=tokenizer, messages=[{"role": "user", "content": "hi"}])
+    builder = TrajectoryBuilder(tokenizer=tokenizer, messages=[{"role": "user", "content": "hi"}], history="template")
     builder.add_completion(completion(tokenizer, "done"))
     builder.add_messages([{"role": "user", "content": "next"}])
     traj = builder.build()
-    assert [fork.reason for fork in traj.forks] == [
-        f"the template renders the earlier turns differently once the {reason}"
-    ]
+    assert [fork.reason for fork in traj.forks] == [f"the template renders the earlier turns differently once {reason}"]
     assert traj.token_ids == rendered(tokenizer, builder.messages)
+
+
+def test_trajectory_a_segment_the_model_never_saw_is_an_unseen_tail(tiny_tokenizer):
+    # An episode that ends right after a fork: the fresh rendering was never sent to the model.
+    builder, _, before = _past_reply_rewritten(tiny_tokenizer, "template")
+    kept = builder.build()
+    main, others = kept.segments()
+    assert main.token_ids == before.token_ids and [s.token_ids for s in others] == [kept.token_ids]
+    cut = builder.build()
+    assert cut.through_last_model_turn() == len(kept.token_ids)
+    assert cut.forks == [] and cut.token_ids == before.token_ids and cut.segments() == (cut.as_segment(), [])

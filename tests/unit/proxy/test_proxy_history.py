@@ -6,7 +6,6 @@ tokenizers and templates: Qwen3 drops a past reply's reasoning and its empty ``<
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,15 +35,9 @@ SECOND = [*FIRST, Message(role="assistant", tool_calls=[CALL]), Message(role="to
 THIRD = [*SECOND, Message(role="assistant", content="found a.txt"), Message(role="user", content="thanks")]
 
 
-def _tokenizer(family_model_dir: Callable[[str], Path], family: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(family_model_dir(family))
-
-
 @pytest.fixture(scope="module")
-def qwen3(family_model_dir: Callable[[str], Path]) -> Any:
-    return _tokenizer(family_model_dir, "qwen3")
+def qwen3(family_tokenizer: Callable[[str], Any]) -> Any:
+    return family_tokenizer("qwen3")
 
 
 def _ids(tok: Any, text: str) -> list[int]:
@@ -100,9 +93,9 @@ def test_history_exact_without_reasoning_drops_nothing(qwen3: Any) -> None:
 
 @pytest.mark.parametrize("family", ["qwen2.5", "llama3"])
 def test_history_exact_and_template_agree_where_the_template_rewrites_nothing(
-    family_model_dir: Callable[[str], Path], family: str
+    family_tokenizer: Callable[[str], Any], family: str
 ) -> None:
-    tok = _tokenizer(family_model_dir, family)
+    tok = family_tokenizer(family)
     renderer = Renderer(tok)
     end = tok.eos_token_id if family == "qwen2.5" else tok.convert_tokens_to_ids("<|eot_id|>")
     for messages, covered in ((SECOND, 3), (THIRD, 5)):
