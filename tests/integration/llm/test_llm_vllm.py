@@ -7,75 +7,28 @@ that a teacher-forced recompute of the tiny model gives, over both vLLM endpoint
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from farm.llm.builtin.testing import free_port
 from farm.llm.builtin.tiny import make_tiny
 from farm.llm.client import VLLMClient
 from farm.llm.control import BackendControl
 from farm.llm.trajectory import TrajectoryBuilder
 from farm.llm.types import GenerateRequest, GenerateResult, SamplingParams, StreamDelta
 from tests.conftest import teacher_for
+from tests.integration.llm.conftest import running_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[3]
-VENV = Path(os.environ.get("FARM_VLLM_VENV", REPO / ".venv-vllm"))
 TOLERANCE = 1e-4
-#: cold start plus the first request's JIT on two shared cores.
-START_TIMEOUT_S = 600.0
 
 
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model_dir, tmp_path_factory):
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"no vLLM environment at {VENV}: run scripts/setup_vllm.sh")
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache")),
-        # The weight-update routes (/pause, /resume, /collective_rpc, ...) are served in dev mode only.
-        "VLLM_SERVER_DEV_MODE": "1",
-    }
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir)]
-    cmd += ["--served-model-name", "farm-tiny", "--dtype", "float32", "--max-model-len", "1024"]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--enable-scale-out"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode}: {log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM did not start in {START_TIMEOUT_S} s: {log_path.read_text()[-3000:]}")
-            time.sleep(1)
-        # The first request compiles kernels; keep that out of the tests.
-        httpx.post(f"{url}/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2}, timeout=START_TIMEOUT_S)
+    with running_vllm(tiny_model_dir, name="farm-tiny", tmp_path_factory=tmp_path_factory) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
 
 
 def prompt_of(tokenizer, text):
