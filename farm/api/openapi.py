@@ -6,8 +6,8 @@ FastAPI describes a task as ``{type: str, config: object}``; the service accepts
 that handler's ``config_class`` validates (read from its light config module where it has one,
 see ``farm.handlers.registry``, so the API imports no agent or sandbox code). ``task_spec_schema``
 puts exactly that in the spec, one branch per installed handler with its config's JSON schema,
-and the batch size limit this process enforces. What JSON Schema cannot say (a shipped problem
-id, one field or another) stays a 422 naming the field.
+the installed group filters, and the batch size limit this process enforces. What JSON Schema
+cannot say (a shipped problem id, one field or another) stays a 422 naming the field.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from farm.config import Settings
+from farm.dynamic.filters import known_filters
 from farm.handlers.registry import get_config_class, known_handlers
 
 REF_PREFIX = "#/components/schemas/"
@@ -49,6 +50,8 @@ def task_spec_schema(spec: dict[str, Any], settings: Settings) -> None:
     # Only these types: no other is ever imported for a request (farm.handlers.registry).
     branches = [_handler_branch(name, components, name_schema) for name in sorted(known_handlers())]
     components["TaskSpec"] = {"title": "TaskSpec", "description": task.get("description", ""), "oneOf": branches}
+    # A filter is one of those installed, as a task type is (the pattern alone allowed any name).
+    components["DynamicSampling"]["properties"]["filter"]["enum"] = known_filters()
     components["BatchCreate"]["properties"]["tasks"]["maxItems"] = settings.api.max_tasks_per_batch
     components["BatchCreate"]["properties"]["group_size"]["description"] = (
         f"jobs per task; without `dynamic`, tasks x group_size is at most {settings.api.max_jobs_per_batch}"
