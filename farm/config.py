@@ -239,6 +239,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FARM_", env_nested_delimiter="__", extra="ignore")
 
     data_dir: Path = DEFAULT_DATA_DIR
+    #: `package.module:Class` paths that are task types too (each named by its path), for a handler
+    #: no package registers as a `farm.handlers` entry point (tests, one under development); a JSON
+    #: list. No other path is ever imported for a request's task type.
+    handler_paths: list[str] = Field(default_factory=list)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)

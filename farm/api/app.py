@@ -32,6 +32,7 @@ from farm.config import Settings
 from farm.db import backends as registry
 from farm.db.session import make_engine, make_session_factory, transaction
 from farm.errors import ConfigError
+from farm.handlers.registry import allow_handler_paths
 from farm.llm.balancer import Balancer
 from farm.llm.health import HealthChecker
 from farm.proxy.app import make_core
@@ -49,6 +50,7 @@ def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastA
     """Build the API. Raises ConfigError when no API token is configured."""
     if settings.api.token is None or not settings.api.token.get_secret_value():
         raise ConfigError("no API token: set FARM_API__TOKEN (every route but the health checks needs it)")
+    allow_handler_paths(settings.handler_paths)
     engine = make_engine(settings)
     redis_client = redis.Redis.from_url(settings.redis_url)
     balancer = Balancer.from_settings(redis_client, settings.llm)

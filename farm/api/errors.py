@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from farm.errors import HTTP_ERRORS, FarmError
 from farm.proxy.errors import any_sdk_error_body, is_harness_path
 from farm.schemas import ErrorOut
+from farm.schemas.stored import NO_NUL_PATTERN
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,17 @@ def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     field = ".".join(loc[1:] if loc[:1] == ["body"] and len(loc) > 1 else loc) or None
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     where = f"{field}: " if field else ""
-    return error_response(422, "invalid_request", f"{where}{first.get('msg', 'invalid')}{more}", field)
+    return error_response(422, "invalid_request", f"{where}{_message(first)}{more}", field)
+
+
+def _message(error: Any) -> str:
+    """pydantic's message, but what makes a text unstorable (``farm.schemas.stored``) said plainly:
+    its own messages quote the pattern, or call the text no string."""
+    if error.get("type") == "string_unicode":
+        return "holds an unpaired UTF-16 surrogate (half of a pair), which is no text; send valid Unicode"
+    if error.get("type") == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == NO_NUL_PATTERN:
+        return "holds a NUL character, which no stored text may hold"
+    return str(error.get("msg", "invalid"))
 
 
 #: methods an ``Allow`` header may name.

@@ -1,30 +1,34 @@
 """The OpenAPI spec, completed with what only the running service knows.
 
 FastAPI describes a task as ``{type: str, config: object}``; the service accepts far less: a
-``type`` that names an installed handler (or a ``package.module:Class`` path) and the ``config``
+``type`` that names an installed handler (or a ``package.module:Class`` path the operator allows,
+``handler_paths``) and the ``config``
 that handler's ``config_class`` validates (read from its light config module where it has one,
 see ``farm.handlers.registry``, so the API imports no agent or sandbox code). ``task_spec_schema``
 puts exactly that in the spec, one branch per installed handler with its config's JSON schema,
-and the batch size limit this process enforces. What JSON Schema cannot say (a shipped problem
-id, one field or another) stays a 422 naming the field.
+the installed group filters, and the batch size limit this process enforces. What JSON Schema
+cannot say (a shipped problem id, one field or another) stays a 422 naming the field.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
 
 from farm.config import Settings
-from farm.handlers.registry import TARGET_PATTERN, get_config_class, known_handlers
+from farm.dynamic.filters import known_filters
+from farm.handlers.registry import get_config_class, known_handlers
 
 REF_PREFIX = "#/components/schemas/"
 
 
 def _handler_branch(name: str, components: dict[str, Any], name_schema: Any) -> dict[str, Any]:
     """The TaskSpec branch of one handler; its config's sub-schemas go to the components, prefixed."""
-    prefix = f"{name.capitalize()}Task"
+    # A component's name holds letters, digits, '.', '-' and '_' only (an allowed path has a ':').
+    prefix = re.sub(r"[^A-Za-z0-9._-]", "_", f"{name[:1].upper()}{name[1:]}Task")
     config = get_config_class(name).model_json_schema(ref_template=f"{REF_PREFIX}{prefix}{{model}}")
     for def_name, definition in config.pop("$defs", {}).items():
         components[f"{prefix}{def_name}"] = definition
@@ -43,21 +47,11 @@ def task_spec_schema(spec: dict[str, Any], settings: Settings) -> None:
     components = spec["components"]["schemas"]
     task = components["TaskSpec"]
     name_schema = task["properties"]["name"]
+    # Only these types: no other is ever imported for a request (farm.handlers.registry).
     branches = [_handler_branch(name, components, name_schema) for name in sorted(known_handlers())]
-    branches.append(
-        {
-            "type": "object",
-            "title": "HandlerPathTaskSpec",
-            "additionalProperties": False,
-            "properties": {
-                "type": {"type": "string", "pattern": TARGET_PATTERN, "description": "package.module:Class"},
-                "config": task["properties"]["config"],
-                "name": name_schema,
-            },
-            "required": ["type"],
-        }
-    )
     components["TaskSpec"] = {"title": "TaskSpec", "description": task.get("description", ""), "oneOf": branches}
+    # A filter is one of those installed, as a task type is (the pattern alone allowed any name).
+    components["DynamicSampling"]["properties"]["filter"]["enum"] = known_filters()
     components["BatchCreate"]["properties"]["tasks"]["maxItems"] = settings.api.max_tasks_per_batch
     components["BatchCreate"]["properties"]["group_size"]["description"] = (
         f"jobs per task; without `dynamic`, tasks x group_size is at most {settings.api.max_jobs_per_batch}"

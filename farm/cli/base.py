@@ -16,7 +16,11 @@ console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 
 def load_settings() -> Settings:
-    return Settings()
+    from farm.handlers.registry import allow_handler_paths
+
+    settings = Settings()
+    allow_handler_paths(settings.handler_paths)
+    return settings
 
 
 def api_client(settings: Settings, url: str | None) -> Any:

@@ -40,6 +40,11 @@ def min_spread(rewards: Sequence[float], options: DynamicSampling) -> bool:
 BUILTIN: dict[str, Filter] = {"std": std, "mixed": mixed, "min_spread": min_spread}
 
 
+def known_filters() -> list[str]:
+    """Every filter name a batch may give: the built-in ones and the entry points'."""
+    return sorted({*BUILTIN, *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))})
+
+
 @cache
 def get_filter(name: str) -> Filter:
     """The filter registered under ``name``.
@@ -51,9 +56,8 @@ def get_filter(name: str) -> Filter:
         return BUILTIN[name]
     found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if name not in found:
-        known = sorted([*BUILTIN, *found])
         raise InvalidSpec(
-            f"dynamic.filter: no filter named {name!r}; known: {', '.join(known)}", field="dynamic.filter"
+            f"dynamic.filter: no filter named {name!r}; known: {', '.join(known_filters())}", field="dynamic.filter"
         )
     loaded: Filter = found[name].load()
     return loaded

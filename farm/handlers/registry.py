@@ -1,4 +1,7 @@
-"""Handlers by name: the ``farm.handlers`` entry-point group, or a ``module:Class`` path.
+"""Handlers by name: the ``farm.handlers`` entry-point group, and the ``module:Class`` paths the
+operator allows (the ``handler_paths`` setting, applied by each process's entry point with
+``allow_handler_paths``). A task type is a request's string: one that is neither is refused
+without importing anything, so no request can make the farm import a module it names.
 
 A handler's config class can be had without importing the handler (the API validates submits
 with it, and must not load sandboxes or the agent loop): for a handler at ``pkg.handler:Class``,
@@ -12,6 +15,7 @@ import importlib
 import importlib.util
 import inspect
 import re
+from collections.abc import Iterable
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
@@ -30,19 +34,40 @@ HANDLER_MODULE = "handler"
 CONFIG_MODULE = "config"
 
 
+#: the ``module:Class`` paths that are task types besides the entry points (``allow_handler_paths``).
+_allowed_paths: frozenset[str] = frozenset()
+
+
+def allow_handler_paths(paths: Iterable[str]) -> None:
+    """Make these ``package.module:Class`` paths task types too (each its own name), in place of
+    any allowed before: the operator's ``handler_paths`` setting, for a handler no package
+    registers (tests, a handler under development).
+
+    Raises:
+        ConfigError: a path is no ``package.module:Class``.
+    """
+    global _allowed_paths
+    paths = frozenset(paths)
+    bad = sorted(path for path in paths if not _TARGET.match(path))
+    if bad:
+        raise ConfigError(f"handler_paths: {', '.join(map(repr, bad))} are not package.module:Class paths")
+    if paths != _allowed_paths:
+        _allowed_paths = paths
+        for cached in (known_handlers, get_handler, get_config_class):
+            cached.cache_clear()
+
+
 @cache
 def known_handlers() -> dict[str, str]:
-    """Task type -> dotted target, from installed packages' entry points."""
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """Task type -> dotted target: installed packages' entry points and the allowed paths."""
+    return {path: path for path in _allowed_paths} | {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def _target(name: str) -> str:
     target = known_handlers().get(name)
     if target is None:
-        if not _TARGET.match(name):
-            known = ", ".join(sorted(known_handlers())) or "(none installed)"
-            raise HandlerNotFound(f"unknown task type {name!r}; known types: {known}")
-        target = name
+        known = ", ".join(sorted(known_handlers())) or "(none installed)"
+        raise HandlerNotFound(f"unknown task type {name!r}; known types: {known}")
     return target
 
 
@@ -89,7 +114,7 @@ def _light_config(target: str) -> type[BaseModel] | None:
 
 @cache
 def get_handler(name: str) -> TaskHandler[Any]:
-    """The handler for a task type: an entry-point name, or ``package.module:Class``.
+    """The handler for a task type: an entry-point name, or an allowed ``package.module:Class``.
 
     Raises:
         HandlerNotFound: no such task type; the message lists the known ones.

@@ -7,6 +7,7 @@
 - ``trials``: a harness episode behind the proxy and its record
 - ``backends``, ``weights``: LLM servers and the weight updates between training steps
 - ``tasks``, ``overview``: installed task families, the farm at a glance, health and the error body
+- ``stored``: the types every stored request field is (text, JSON, integers the farm can keep and serve back)
 
 Import from here (``from farm.schemas import BatchCreate``): the modules are an internal layout.
 Only pydantic and the standard library: ``farm.client`` imports this package and must stay

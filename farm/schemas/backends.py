@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from farm.schemas.stored import StoredStr, WholeInt
+
 
 def _backend_url_pattern() -> str:
     """``http(s)://host[:port][/path]`` where host is a DNS name, an IPv4 address or a bracketed IPv6
@@ -54,15 +56,16 @@ class BackendCreate(BaseModel):
         description="http(s)://host[:port][/path]: a DNS name, IPv4 or [IPv6] address; no query or fragment",
     )
     kind: Literal["vllm", "sglang", "builtin"] = "vllm"
-    model: str | None = Field(default=None, max_length=500, description="served model name, sent with each request")
-    capacity: int = Field(
-        default=1, ge=1, le=100_000, strict=True, description="relative weight: concurrent jobs it is sized for"
+    model: StoredStr | None = Field(
+        default=None, max_length=500, description="served model name, sent with each request"
     )
-    weight_version: int | None = Field(
+    capacity: WholeInt = Field(
+        default=1, ge=1, le=100_000, description="relative weight: concurrent jobs it is sized for"
+    )
+    weight_version: WholeInt | None = Field(
         default=None,
         ge=0,
         le=2**31 - 1,
-        strict=True,
         description="the weights it serves; unset: 0 for a new backend, unchanged for a known one",
     )
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from farm.constants import BatchState, JobState, Outcome
+from farm.schemas.stored import INT64_MAX, INT64_MIN, METADATA_ABOUT, StoredJson, StoredMetadata, StoredStr, WholeInt
 from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
 
 
@@ -20,10 +21,12 @@ class SamplingParams(BaseModel):
 
     temperature: float = Field(default=1.0, ge=0.0, le=10.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1, strict=True, json_schema_extra={"not": {"const": 0}}, description="-1: off")
-    max_tokens: int = Field(default=1024, ge=1, le=1_000_000, strict=True, description="per LLM turn")
-    stop_token_ids: list[StrictInt] = Field(default_factory=list)
-    seed: StrictInt | None = Field(default=None, description="per-job seeds are derived from it")
+    top_k: WholeInt = Field(default=-1, ge=-1, json_schema_extra={"not": {"const": 0}}, description="-1: off")
+    max_tokens: WholeInt = Field(default=1024, ge=1, le=1_000_000, description="per LLM turn")
+    stop_token_ids: list[Annotated[WholeInt, Field(ge=INT64_MIN, le=INT64_MAX)]] = Field(default_factory=list)
+    seed: WholeInt | None = Field(
+        default=None, ge=INT64_MIN, le=INT64_MAX, description="per-job seeds are derived from it"
+    )
 
     @model_validator(mode="after")
     def _top_k_not_zero(self) -> SamplingParams:
@@ -37,17 +40,9 @@ class TaskSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: str = Field(min_length=1, max_length=200, description="handler name, e.g. 'math' or 'echo'")
-    config: dict[str, Any] = Field(default_factory=dict, description="validated by the handler's config_class")
-    name: str | None = Field(default=None, max_length=500, description="the trainer's own id for this prompt")
-
-    @field_validator("name")
-    @classmethod
-    def _storable(cls, value: str | None) -> str | None:
-        # A database text column holds neither a NUL nor half of a UTF-16 surrogate pair.
-        if value is not None and any(c == "\x00" or "\ud800" <= c <= "\udfff" for c in value):
-            raise ValueError("name must not contain NUL characters or unpaired surrogates")
-        return value
+    type: StoredStr = Field(min_length=1, max_length=200, description="an installed task type, e.g. 'math' or 'echo'")
+    config: StoredJson = Field(default_factory=dict, description="validated by the handler's config_class")
+    name: StoredStr | None = Field(default=None, max_length=500, description="the trainer's own id for this prompt")
 
 
 #: the group filters every farm has (more come from the ``farm.filters`` entry points).
@@ -59,10 +54,9 @@ class PassRateSkip(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    after_tries: int = Field(
+    after_tries: WholeInt = Field(
         ge=1,
         le=1_000_000,
-        strict=True,
         description="skip a prompt whose pass rate is exactly 0 or 1 after at least this many scored samples",
     )
 
@@ -73,9 +67,9 @@ class DynamicSampling(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    target_groups: int = Field(ge=1, le=1_000_000, strict=True, description="informative groups wanted")
-    max_groups_in_flight: int | None = Field(
-        default=None, ge=1, le=100_000, strict=True, description="groups running at once (default: target_groups)"
+    target_groups: WholeInt = Field(ge=1, le=1_000_000, description="informative groups wanted")
+    max_groups_in_flight: WholeInt | None = Field(
+        default=None, ge=1, le=100_000, description="groups running at once (default: target_groups)"
     )
     filter: str = Field(
         default="std",
@@ -107,14 +101,13 @@ class BatchCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tasks: list[TaskSpec] = Field(min_length=1)
-    group_size: int = Field(default=1, ge=1, le=1024, strict=True)
+    group_size: WholeInt = Field(default=1, ge=1, le=1024)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    max_staleness: int | None = Field(
+    metadata: StoredMetadata = Field(default_factory=dict, description=METADATA_ABOUT)
+    max_staleness: WholeInt | None = Field(
         default=None,
         ge=0,
         le=1_000_000,
-        strict=True,
         description="a rollout whose oldest sampled token is more than this many weight versions behind the "
         "newest when its RUN ends is handled as `on_stale` says; unset: no bound",
     )

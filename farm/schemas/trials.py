@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from farm.schemas.arrays import ArrayEncoding, B64Array, VersionSpan
 from farm.schemas.stages import TrajectoryData
+from farm.schemas.stored import INT64_MAX, INT64_MIN, METADATA_ABOUT, StoredMetadata, StoredStr, WholeInt
 
 #: a trial id appears in the proxy's URLs.
 TRIAL_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
@@ -28,9 +29,9 @@ class TrialSampling(BaseModel):
 
     temperature: float | None = Field(default=None, ge=0.0, le=10.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: StrictInt | None = Field(default=None, ge=-1)
-    max_tokens: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
-    seed: StrictInt | None = None
+    top_k: WholeInt | None = Field(default=None, ge=-1, json_schema_extra={"not": {"const": 0}}, description="-1: off")
+    max_tokens: WholeInt | None = Field(default=None, ge=1, le=1_000_000)
+    seed: WholeInt | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
 
     @model_validator(mode="after")
     def _top_k_not_zero(self) -> TrialSampling:
@@ -45,15 +46,15 @@ class TrialCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str | None = Field(default=None, pattern=TRIAL_ID_PATTERN, description="default: a random id")
-    job_id: StrictInt | None = Field(default=None, ge=1, le=2**63 - 1, description="the job whose rollout this is")
-    model: str | None = Field(default=None, min_length=1, max_length=500, description="the model name to list")
+    job_id: WholeInt | None = Field(default=None, ge=1, le=INT64_MAX, description="the job whose rollout this is")
+    model: StoredStr | None = Field(default=None, min_length=1, max_length=500, description="the model name to list")
     sampling: TrialSampling = Field(default_factory=TrialSampling)
     history: TrialHistory = Field(
         default=DEFAULT_HISTORY,
         description="exact: every sampled id is kept and only the new messages are rendered (one segment); "
         "template: the prompt is what the chat template renders (a new segment where it rewrites earlier turns)",
     )
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: StoredMetadata = Field(default_factory=dict, description=METADATA_ABOUT)
 
 
 class TrialCreated(BaseModel):

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from farm.constants import PauseOutcome
+from farm.schemas.stored import StoredStr, WholeInt
 
 PauseMode = Literal["wait", "keep", "abort"]
 
@@ -39,8 +40,8 @@ class WeightLoad(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field(min_length=1, max_length=4096, description="a checkpoint directory (safetensors + config)")
-    version: int = Field(ge=0, le=2**31 - 1, strict=True, description="the version these weights are")
+    path: StoredStr = Field(min_length=1, max_length=4096, description="a checkpoint directory (safetensors + config)")
+    version: WholeInt = Field(ge=0, le=2**31 - 1, description="the version these weights are")
 
 
 class WeightResume(BaseModel):
@@ -48,11 +49,10 @@ class WeightResume(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: int | None = Field(
+    version: WholeInt | None = Field(
         default=None,
         ge=0,
         le=2**31 - 1,
-        strict=True,
         description="the weights the backends now hold (required when the trainer loaded them itself)",
     )
 

@@ -20,6 +20,13 @@ from farm.embedded import EmbeddedStack
 pytestmark = pytest.mark.integration
 
 
+#: handlers the tests define, allowed as task types by their paths (no request may name another).
+TEST_HANDLER_PATHS = [
+    "tests.integration.test_e2e:BuggyEchoHandler",
+    "tests.integration.test_e2e:WrongStateEchoHandler",
+]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -38,6 +45,7 @@ def stack_settings(
     have distinct node names: a worker's lease sweeper re-sends a lapsed stage to its job's node."""
     return Settings(
         data_dir=data_dir,
+        handler_paths=TEST_HANDLER_PATHS,
         redis={"url": redis_url},
         database={"url": database_url},
         api={"token": "e2e-token", "port": free_port()},

@@ -4,6 +4,7 @@ import asyncio
 import sys
 import textwrap
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from farm.constants import Outcome, Stage
 from farm.errors import ConfigError, FarmError, HandlerNotFound, InvalidSpec, SandboxError
 from farm.handlers.base import StageContext
 from farm.handlers.echo import EchoConfig, EchoHandler, EchoState
-from farm.handlers.registry import get_config_class, get_handler, known_handlers
+from farm.handlers.registry import allow_handler_paths, get_config_class, get_handler, known_handlers
 from farm.sandbox.base import SandboxSpec
 from farm.schemas import SamplingParams
 
@@ -36,8 +37,33 @@ def test_registry_finds_echo_by_entry_point():
     assert isinstance(get_handler("echo"), EchoHandler)
 
 
-def test_registry_accepts_a_dotted_path():
+@pytest.fixture
+def allow() -> Iterator[Callable[..., None]]:
+    """Allow ``module:Class`` paths as task types for one test (the ``handler_paths`` setting)."""
+    yield lambda *paths: allow_handler_paths(paths)
+    allow_handler_paths([])
+
+
+def test_registry_accepts_a_dotted_path_the_operator_allows(allow):
+    allow("farm.handlers.echo:EchoHandler")
+    assert known_handlers()["farm.handlers.echo:EchoHandler"] == "farm.handlers.echo:EchoHandler"
     assert isinstance(get_handler("farm.handlers.echo:EchoHandler"), EchoHandler)
+
+
+def test_a_dotted_path_not_allowed_is_an_unknown_type_and_is_never_imported(tmp_path, monkeypatch):
+    _package(tmp_path, "probepkg", handler="raise ImportError('must not be imported')", config=CONFIG)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("probepkg.handler:Probe", "this:Nope", "farm.handlers.echo:EchoHandler"):
+        with pytest.raises(HandlerNotFound, match="unknown task type"):
+            get_config_class(name)
+        with pytest.raises(HandlerNotFound, match="unknown task type"):
+            get_handler(name)
+    assert "probepkg" not in sys.modules and "this" not in sys.modules
+
+
+def test_allowed_paths_must_be_module_class_paths(allow):
+    with pytest.raises(ConfigError, match="not package.module:Class"):
+        allow("echo", "a.b:C")
 
 
 def test_unknown_handler_lists_known_ones():
@@ -45,7 +71,8 @@ def test_unknown_handler_lists_known_ones():
         get_handler("no-such-type")
 
 
-def test_dotted_path_that_is_not_a_handler_is_a_config_error():
+def test_dotted_path_that_is_not_a_handler_is_a_config_error(allow):
+    allow("farm.schemas:TaskSpec")
     with pytest.raises(ConfigError, match="not a TaskHandler"):
         get_handler("farm.schemas:TaskSpec")
 
@@ -70,9 +97,10 @@ CONFIG = """
 """
 
 
-def test_config_class_comes_from_the_light_module_without_importing_the_handler(tmp_path, monkeypatch):
+def test_config_class_comes_from_the_light_module_without_importing_the_handler(tmp_path, monkeypatch, allow):
     _package(tmp_path, "lightpkg", handler="raise ImportError('the handler must not be imported')", config=CONFIG)
     monkeypatch.syspath_prepend(str(tmp_path))
+    allow("lightpkg.handler:LightHandler")
     config_class = get_config_class("lightpkg.handler:LightHandler")
     assert config_class.__name__ == "LightConfig"
     assert "lightpkg.handler" not in sys.modules
@@ -87,7 +115,7 @@ def test_shipped_config_modules_name_their_handlers_config_class(name):
     assert get_config_class(name) is get_handler(name).config_class
 
 
-def test_a_light_config_that_is_not_the_handlers_is_a_config_error(tmp_path, monkeypatch):
+def test_a_light_config_that_is_not_the_handlers_is_a_config_error(tmp_path, monkeypatch, allow):
     handler = """
         from pydantic import BaseModel
         from farm.handlers.base import TaskHandler
@@ -100,11 +128,12 @@ def test_a_light_config_that_is_not_the_handlers_is_a_config_error(tmp_path, mon
     """
     _package(tmp_path, "driftpkg", handler=handler, config=CONFIG)
     monkeypatch.syspath_prepend(str(tmp_path))
+    allow("driftpkg.handler:DriftHandler")
     with pytest.raises(ConfigError, match="is not its config_class"):
         get_handler("driftpkg.handler:DriftHandler")
 
 
-def test_a_handler_with_a_sync_stage_method_is_a_config_error(tmp_path, monkeypatch):
+def test_a_handler_with_a_sync_stage_method_is_a_config_error(tmp_path, monkeypatch, allow):
     handler = """
         from farm.handlers.echo import EchoHandler
 
@@ -114,6 +143,7 @@ def test_a_handler_with_a_sync_stage_method_is_a_config_error(tmp_path, monkeypa
     """
     _package(tmp_path, "syncpkg", handler=handler, config=None)
     monkeypatch.syspath_prepend(str(tmp_path))
+    allow("syncpkg.handler:SyncHandler")
     with pytest.raises(ConfigError, match="must be `async def`: evaluate"):
         get_handler("syncpkg.handler:SyncHandler")
 

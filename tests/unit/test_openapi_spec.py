@@ -13,7 +13,9 @@ from fastapi.testclient import TestClient
 
 from farm.api.app import create_app
 from farm.config import Settings
-from farm.handlers.registry import known_handlers
+from farm.dynamic.filters import known_filters
+from farm.handlers.registry import allow_handler_paths, known_handlers
+from farm.schemas.stored import NO_NUL_PATTERN
 
 ERROR_REF = "#/components/schemas/ErrorOut"
 #: routes anyone may call; every other one requires the bearer token.
@@ -75,11 +77,37 @@ def test_spec_ids_are_bounded_to_64_bits(spec: dict[str, Any]):
 def test_spec_task_types_are_the_installed_handlers(spec: dict[str, Any]):
     schemas = spec["components"]["schemas"]
     branches = schemas["TaskSpec"]["oneOf"]
-    consts = {b["properties"]["type"].get("const") for b in branches} - {None}
-    assert consts == set(known_handlers())
+    # Every branch is one installed type: no pattern lets a request name a module to import.
+    consts = [b["properties"]["type"].get("const") for b in branches]
+    assert None not in consts and set(consts) == set(known_handlers())
     echo = next(b for b in branches if b["properties"]["type"].get("const") == "echo")
     assert echo["required"] == ["type", "config"] and "text" in echo["properties"]["config"]["required"]
     assert schemas["BatchCreate"]["properties"]["tasks"]["maxItems"] == 77
+
+
+def test_spec_filters_and_integers_are_what_the_api_accepts(spec: dict[str, Any]):
+    schemas = spec["components"]["schemas"]
+    assert schemas["DynamicSampling"]["properties"]["filter"]["enum"] == known_filters()
+    for model in ("SamplingParams", "TrialSampling"):
+        assert schemas[model]["properties"]["top_k"]["not"] == {"const": 0}, model
+    model = schemas["BackendCreate"]["properties"]["model"]["anyOf"][0]
+    assert model["pattern"] == NO_NUL_PATTERN and model["maxLength"] == 500
+
+
+def test_a_spec_branch_per_allowed_handler_path(tmp_path: Path):
+    settings = Settings(
+        data_dir=tmp_path,
+        redis={"url": "redis://127.0.0.1:1/0"},
+        api={"token": "t"},
+        handler_paths=["farm.handlers.echo:EchoHandler"],
+    )
+    try:
+        spec = create_app(settings).openapi()
+    finally:
+        allow_handler_paths([])
+    branches = spec["components"]["schemas"]["TaskSpec"]["oneOf"]
+    path = next(b for b in branches if b["properties"]["type"]["const"] == "farm.handlers.echo:EchoHandler")
+    assert path["title"] == "Farm.handlers.echo_EchoHandlerTaskSpec"
 
 
 def test_spec_links_a_submitted_batch_to_its_reads(spec: dict[str, Any]):
