@@ -40,7 +40,7 @@ from farm.schemas.batches import (
     task_key,
 )
 from farm.schemas.jobs import GroupResult, GroupsPage, JobOut, JobResult, ResultsPage, StageRunOut, TrajectoryOut
-from farm.schemas.overview import ErrorOut, Health, Overview, QueueOut, WorkerOut
+from farm.schemas.overview import DatabaseOut, ErrorOut, Health, Overview, QueueOut, WorkerOut
 from farm.schemas.stages import EvalResult, RunResult, SegmentData, TrajectoryData
 from farm.schemas.tasks import HandlerInfo, ShippedTask, TaskSet
 from farm.schemas.trials import (
@@ -87,6 +87,7 @@ __all__ = [
     "JobOut",
     "JobResult",
     "Overview",
+    "DatabaseOut",
     "PassRate",
     "PassRateSkip",
     "PauseMode",
