@@ -87,7 +87,8 @@ def test_results_ride_out_postgres_restarts_each_job_once(make_farm, crash_db: s
         batch = client.submit([echo(i) for i in range(JOBS)])
     trainer = Trainer(farm, batch.id)
     for restart in (1, 2):
-        wait_for(lambda r=restart: len(trainer.results) >= 15 * r, timeout_s=DEADLINE_S, what=f"{15 * restart} results")
+        seen = 15 * restart
+        wait_for(lambda: len(trainer.results) >= seen, timeout_s=DEADLINE_S, what=f"{seen} results")  # noqa: B023
         pg_server.stop_immediate()
         time.sleep(3.0)
         pg_server.start()
