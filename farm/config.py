@@ -24,7 +24,26 @@ class DatabaseSettings(BaseModel):
 
     url: str | None = None
     echo: bool = False
-    pool_size: int = 10
+    #: connections the API process's engine keeps open once used (``farm proxy``'s engines too), and
+    #: how many more it may open for a burst (closed when returned). See docs/operations.md,
+    #: "Database connections": what each process kind may open, and a deployment in all.
+    pool_size: int = Field(default=5, ge=1)
+    max_overflow: int = Field(default=5, ge=0)
+    #: a worker process's pools: one connection per this many of its slots (at least one) for its
+    #: claims and completions, one more for its own upkeep (leases, sweeps). A stage holds a
+    #: connection only while its statements run, not while its episode does.
+    worker_slots_per_connection: int = Field(default=32, ge=1)
+    #: a checkout waits this long for a free connection of its pool before the caller treats the
+    #: database as unavailable (and, in a worker, waits and tries again).
+    pool_timeout_s: float = Field(default=10.0, gt=0)
+    #: the proxy's routes (served by the API and by ``farm proxy``): their engine keeps this many
+    #: connections and as many more for a burst; the recorder's two async pools up to twice this each.
+    proxy_pool_size: int = Field(default=2, ge=1)
+    #: how long a worker's claim or completion keeps trying while the database is unavailable
+    #: (full, restarting, pool exhausted) before it hands the stage back to its queue. Waiting
+    #: costs time, never an attempt. Retries back off up to unavailable_backoff_s apart.
+    unavailable_wait_s: float = Field(default=600.0, ge=0)
+    unavailable_backoff_s: float = Field(default=2.0, gt=0)
     pool_pre_ping: bool = False
     #: SQLite waits this long for another process's write lock before failing.
     sqlite_busy_timeout_s: float = 30.0

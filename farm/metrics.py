@@ -82,6 +82,8 @@ class WorkerProcess:
     stages: tuple[str, ...]
     slots: int
     pid: int
+    #: the most PostgreSQL connections its pools may open (``farm.db.budget``); 0: not said.
+    db_connections: int = 0
 
 
 def record_worker(redis: Redis, worker: WorkerProcess, *, ttl_s: float) -> None:

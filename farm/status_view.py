@@ -1,6 +1,7 @@
 """``farm status``: the farm at a glance, drawn with rich from ``GET /v1/overview``.
 
-Pools (worker processes and slots per node and stage, with the queue each consumes and the node's
+The database's connections (the farm's budget, those in use, the server's limit), pools (worker
+processes and slots per node and stage, with the queue each consumes and the node's
 sandboxes), backends with their load, and the running batches with their progress.
 """
 
@@ -25,7 +26,21 @@ def overview_view(health: Health, overview: Overview, *, url: str) -> Group:
         (health.status, "bold green" if ok else "bold red"),
         f"  {url}  version {health.version}  ({checks})",
     )
-    return Group(title, _pools(overview), _backends(overview), _batches(overview))
+    parts = [title, _database(overview)] if overview.database is not None else [title]
+    return Group(*parts, _pools(overview), _backends(overview), _batches(overview))
+
+
+def _database(overview: Overview) -> Text:
+    """The connection budget against what PostgreSQL takes: red once the farm may open more."""
+    db = overview.database
+    assert db is not None
+    over = db.budget > db.max_connections
+    return Text.assemble(
+        "database connections: ",
+        (f"budget {db.budget}", "bold red" if over else "bold"),
+        f" (its processes' pools at most), in use {db.in_use}, max_connections {db.max_connections}",
+        (" - more than the server takes: lower the pools or put PgBouncer in front" if over else "", "red"),
+    )
 
 
 def _pools(overview: Overview) -> Table:

@@ -30,6 +30,7 @@ from farm.api.routes import (
 )
 from farm.config import Settings
 from farm.db import backends as registry
+from farm.db.budget import proxy_settings
 from farm.db.session import make_engine, make_session_factory, transaction
 from farm.errors import ConfigError
 from farm.handlers.registry import allow_handler_paths
@@ -51,7 +52,7 @@ def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastA
     if settings.api.token is None or not settings.api.token.get_secret_value():
         raise ConfigError("no API token: set FARM_API__TOKEN (every route but the health checks needs it)")
     allow_handler_paths(settings.handler_paths)
-    engine = make_engine(settings)
+    engine = make_engine(settings, name="farm-api")
     redis_client = redis.Redis.from_url(settings.redis_url)
     balancer = Balancer.from_settings(redis_client, settings.llm)
     state = AppState(
@@ -94,7 +95,8 @@ def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastA
         dependencies=[Depends(single_valued_query)],
     )
     app.state.farm = state
-    app.state.proxy_core = make_core(settings, engine=engine, balancer=balancer)
+    # The proxy's routes size their pools apart from the API's own (``farm.db.budget``).
+    app.state.proxy_core = make_core(proxy_settings(settings), engine=engine, balancer=balancer)
     app.state.farm_checker = checker
     app.state.weights = updater
     install_error_handlers(app)

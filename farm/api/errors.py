@@ -14,7 +14,8 @@ import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -154,6 +155,9 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(OperationalError, _database_error)
+    # No free connection in the pool for pool_timeout_s, a connection lost: the same wait-and-retry answer.
+    app.add_exception_handler(PoolTimeout, _database_error)
+    app.add_exception_handler(InterfaceError, _database_error)
     app.add_exception_handler(redis.RedisError, _redis_error)
 
 

@@ -15,6 +15,10 @@ from farm.config import Settings
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 
+#: how long a command's calls retry an API that answers "retry" or cannot be reached.
+CLI_RETRY_S = 5.0
+
+
 def load_settings() -> Settings:
     from farm.handlers.registry import allow_handler_paths
 
@@ -24,13 +28,14 @@ def load_settings() -> Settings:
 
 
 def api_client(settings: Settings, url: str | None) -> Any:
-    from farm.client import FarmClient
+    from farm.client import FarmClient, RetryPolicy
     from farm.embedded import token_file
 
     token = settings.api.token.get_secret_value() if settings.api.token else None
     if token is None and token_file(settings).is_file():
         token = token_file(settings).read_text().strip()
-    return FarmClient(url or settings.api_url, token=token)
+    # A person at a terminal: a blip is ridden out, an API that is not up is said within seconds.
+    return FarmClient(url or settings.api_url, token=token, retry=RetryPolicy(total_s=CLI_RETRY_S))
 
 
 class _FarmGroup(click.Group):

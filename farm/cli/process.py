@@ -6,6 +6,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import click
+
 from farm.cli.base import load_settings
 from farm.config import Settings
 
@@ -37,7 +39,9 @@ def serve_proxy(settings: Settings, sockets: list[socket.socket], *, processes: 
     from farm.proxy.app import create_proxy_app
 
     if processes == 1:
-        config = uvicorn.Config(create_proxy_app(settings), log_level="info", timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            create_proxy_app(sized_for_proxy(settings)), log_level="info", timeout_graceful_shutdown=5
+        )
         uvicorn.Server(config).run(sockets=sockets)
         return
     from uvicorn.supervisors import Multiprocess
@@ -59,4 +63,12 @@ def proxy_app_from_environment() -> Any:
     """The proxy app of one of ``farm proxy --processes N``'s children (settings from its environment)."""
     from farm.proxy.app import create_proxy_app
 
-    return create_proxy_app(load_settings())
+    return create_proxy_app(sized_for_proxy(load_settings()))
+
+
+def sized_for_proxy(settings: Settings) -> Settings:
+    """``settings`` with the pools of a ``farm proxy`` process sized (``farm.db.budget``), said in its log."""
+    from farm.db.budget import proxy_process_pools, proxy_settings
+
+    click.echo(f"database connections of this proxy process: {proxy_process_pools(settings).describe()}", err=True)
+    return proxy_settings(settings)

@@ -24,8 +24,10 @@ def api(host: str | None, port: int | None) -> None:
     import uvicorn
 
     from farm.api.app import create_app
+    from farm.db.budget import api_pools
 
     settings = load_settings()
+    click.echo(f"database connections of this API process: {api_pools(settings).describe()}", err=True)
     keep_freed_memory()
     uvicorn.run(
         create_app(settings),

@@ -8,13 +8,15 @@
 
 An error answer raises ``ApiError`` as the subclass that is also the farm error of its code:
 ``NotFound`` (404), ``InvalidSpec`` (422, ``field`` names what to fix), ``Conflict`` (409),
-``Unauthorized`` (401), ``Unavailable`` (503: the farm's database or Redis, retry shortly).
+``Unauthorized`` (401), ``Unavailable`` (503: the farm's database or Redis; raised only once the
+client's own retries, ``RetryPolicy``, are spent).
 """
 
 from __future__ import annotations
 
 from farm.client.arrays import TrajectoryArrays, decode_trajectory, to_arrays
 from farm.client.client import AsyncFarmClient, FarmClient
+from farm.client.retry import NO_RETRIES, RetryPolicy
 from farm.errors import (
     ApiError,
     Conflict,
@@ -37,8 +39,10 @@ __all__ = [
     "HandlerNotFound",
     "InvalidSpec",
     "JobResult",
+    "NO_RETRIES",
     "NotFound",
     "PassRateSkip",
+    "RetryPolicy",
     "SamplingParams",
     "TrajectoryArrays",
     "Unauthorized",

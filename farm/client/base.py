@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from farm.client.binary import BINARY_ACCEPT, decode_page, is_binary
+from farm.client.retry import RetryPolicy
 from farm.constants import BatchState
 from farm.errors import api_error
 from farm.schemas import (
@@ -167,9 +169,10 @@ def auth_headers(token: str | None) -> dict[str, str]:
 class BaseFarmClient(Generic[H]):
     """The farm's HTTP API, built and read; a subclass sends each ``Call`` with its ``H``."""
 
-    def __init__(self, http: H, *, timeout_s: float) -> None:
+    def __init__(self, http: H, *, timeout_s: float, retry: RetryPolicy) -> None:
         self._http: H = http
         self._timeout_s = timeout_s
+        self._retry = retry
 
     def _call(
         self,
@@ -216,7 +219,9 @@ class BaseFarmClient(Generic[H]):
         Raises:
             InvalidSpec: a batch the API would refuse, refused before it is sent.
         """
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        # A key of its own when the caller gives none: a submit sent again after its answer was lost
+        # (the API restarting, a connection reset) answers with the batch the first one made.
+        headers = {"Idempotency-Key": idempotency_key or f"client-{uuid.uuid4().hex}"}
         body = _batch_body(tasks, group_size, sampling, metadata, max_staleness, on_stale, dynamic, history)
         return self._call("POST", "/v1/batches", functools.partial(_model, BatchCreated), json=body, headers=headers)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
@@ -32,6 +32,8 @@ from farm.client.base import (
 )
 from farm.client.binary import PageBuffer, body_buffer, decode_page
 from farm.client.direct import DirectPages
+from farm.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy, retryable
+from farm.errors import ApiError
 from farm.schemas import (
     ArrayEncoding,
     BatchCreated,
@@ -69,9 +71,12 @@ class FarmClient(BaseFarmClient[httpx.Client]):
         token: str | None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
+        """``retry``: how calls whose answer says "try again" are sent again (``farm.client.retry``;
+        ``NO_RETRIES``: never)."""
         http = httpx.Client(base_url=base_url, headers=auth_headers(token), timeout=timeout_s, transport=transport)
-        super().__init__(http, timeout_s=timeout_s)
+        super().__init__(http, timeout_s=timeout_s, retry=retry)
         # Results pages, megabytes each, are read straight into their buffers where nothing of
         # httpx's own is in play (see farm.client.direct).
         self._direct = DirectPages() if DirectPages.usable(http.base_url, transport=transport) else None
@@ -88,7 +93,18 @@ class FarmClient(BaseFarmClient[httpx.Client]):
             self._direct.close()
 
     def _send(self, call: Call[T]) -> T:
-        return call.read(self._http.send(call.request))
+        return self._retrying(call.request, lambda: call.read(self._http.send(call.request)))
+
+    def _retrying(self, request: httpx.Request, once: Callable[[], T]) -> T:
+        """``once()``, called again while its failure says retry (``farm.client.retry``)."""
+        attempts = Attempts(self._retry)
+        while True:
+            try:
+                return once()
+            except (httpx.TransportError, ApiError) as exc:
+                if not retryable(exc, request) or (wait_s := attempts.wait_s()) is None:
+                    raise
+            time.sleep(wait_s)
 
     def health(self) -> Health:
         return self._send(self._build_health())
@@ -218,6 +234,10 @@ class FarmClient(BaseFarmClient[httpx.Client]):
         request = self._build_results_page(
             batch_id, after=after, page_size=page_size, wait_s=wait_s, encoding=encoding, trajectories=trajectories
         )
+        # A page is asked for by its cursor: asking again reads the same results, none twice.
+        return self._retrying(request, lambda: self._results_page_once(request))
+
+    def _results_page_once(self, request: httpx.Request) -> ResultsPage:
         if self._direct is not None:
             answer, body = self._direct.send(request, body_buffer)
             return read_results_page(answer) if body is None else decode_page(body.data)
@@ -293,10 +313,12 @@ class AsyncFarmClient(BaseFarmClient[httpx.AsyncClient]):
         token: str | None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
+        """See ``FarmClient``."""
         headers = auth_headers(token)
         http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s, transport=transport)
-        super().__init__(http, timeout_s=timeout_s)
+        super().__init__(http, timeout_s=timeout_s, retry=retry)
 
     async def __aenter__(self) -> AsyncFarmClient:
         return self
@@ -308,7 +330,21 @@ class AsyncFarmClient(BaseFarmClient[httpx.AsyncClient]):
         await self._http.aclose()
 
     async def _send(self, call: Call[T]) -> T:
-        return call.read(await self._http.send(call.request))
+        async def once() -> T:
+            return call.read(await self._http.send(call.request))
+
+        return await self._retrying(call.request, once)
+
+    async def _retrying(self, request: httpx.Request, once: Callable[[], Awaitable[T]]) -> T:
+        """See ``FarmClient._retrying``."""
+        attempts = Attempts(self._retry)
+        while True:
+            try:
+                return await once()
+            except (httpx.TransportError, ApiError) as exc:
+                if not retryable(exc, request) or (wait_s := attempts.wait_s()) is None:
+                    raise
+            await asyncio.sleep(wait_s)
 
     async def health(self) -> Health:
         return await self._send(self._build_health())
@@ -425,6 +461,9 @@ class AsyncFarmClient(BaseFarmClient[httpx.AsyncClient]):
         request = self._build_results_page(
             batch_id, after=after, page_size=page_size, wait_s=wait_s, encoding=encoding, trajectories=trajectories
         )
+        return await self._retrying(request, lambda: self._results_page_once(request))
+
+    async def _results_page_once(self, request: httpx.Request) -> ResultsPage:
         response = await self._http.send(request, stream=True)
         try:
             buffer = body_buffer(response)

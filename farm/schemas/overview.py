@@ -31,6 +31,15 @@ class WorkerOut(BaseModel):
     stages: list[Stage]
     slots: int = Field(description="stages it runs at once")
     pid: int
+    db_connections: int = Field(default=0, description="the most database connections its pools may open (0: not said)")
+
+
+class DatabaseOut(BaseModel):
+    """PostgreSQL's connections: what the farm may open against what the server takes."""
+
+    budget: int = Field(description="the most the worker processes heard from lately and this API process may open")
+    in_use: int = Field(description="connections to the farm's database now, the farm's and any other client's")
+    max_connections: int = Field(description="the server's max_connections (a few are kept for superusers)")
 
 
 class QueueOut(BaseModel):
@@ -48,3 +57,4 @@ class Overview(BaseModel):
     backends: list[BackendOut]
     sandboxes: dict[str, int] = Field(description="live sandboxes per node")
     batches: list[BatchStatus] = Field(description="running batches, newest first (at most 20)")
+    database: DatabaseOut | None = Field(default=None, description="PostgreSQL's connections (none on SQLite)")

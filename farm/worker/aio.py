@@ -30,7 +30,7 @@ class LoopThread:
                 # to_thread's default pool has cpu+4 threads: on a small node that queues every
                 # episode's blocking calls (tools, balancer) behind a handful of others.
                 loop.set_default_executor(ThreadPoolExecutor(self._max_threads, thread_name_prefix="farm-aio"))
-                threading.Thread(target=loop.run_forever, name="farm-asyncio", daemon=True).start()
+                threading.Thread(target=_serve, args=(loop,), name="farm-asyncio", daemon=True).start()
                 self._loop = loop
             return self._loop
 
@@ -52,3 +52,9 @@ class LoopThread:
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._loop.stop)
                 self._loop = None
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The loop thread: run until ``LoopThread.close`` stops the loop, then close it (its self-pipe, its executor)."""
+    loop.run_forever()
+    loop.close()

@@ -11,8 +11,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from farm.config import Settings
+from farm.db.budget import ProcessPools, worker_pools
 from farm.db.sampling import SamplingCache
-from farm.db.session import make_autocommit_engine, make_engine, make_session_factory
+from farm.db.session import autocommit_of, make_autocommit_engine, make_engine, make_session_factory
 from farm.worker.aio import LoopThread
 from farm.worker.lease import LeaseRenewer
 from farm.worker.staleness import StalenessCheck
@@ -44,22 +45,46 @@ class FarmRuntime:
         self._llm: LLMResources | None = None
         self._sandboxes: SandboxResources | None = None
         self._trials: TrialResources | None = None
+        #: this process's pools, sized from its slots (``farm.db.budget``); ``size_pools`` sets them
+        #: for a worker process before its first connection. Until then: a process serving every stage.
+        self.pools = worker_pools(settings, w.init_concurrency + w.run_concurrency + w.eval_concurrency)
+        self._name = "farm-worker"
         self.staleness = StalenessCheck(engine=lambda: self.engine, balancer=lambda: self.llm.balancer)
+
+    def size_pools(self, slots: int, *, name: str) -> ProcessPools:
+        """Size this process's pools for ``slots`` slots; ``name`` shows in ``pg_stat_activity``."""
+        with self._lock:
+            assert self._engine is None and not self._autocommit, "pools are sized before they open"
+            self.pools = worker_pools(self.settings, slots)
+            self._name = name
+            return self.pools
+
+    def _size(self, pool: str) -> int:
+        return dict(self.pools.pools)[pool]
 
     @property
     def engine(self) -> Engine:
         with self._lock:
-            if self._engine is None:
-                self._engine = make_engine(self.settings)
-                self._sessions = make_session_factory(self._engine)
-            return self._engine
+            return self._engine_unlocked()
+
+    def _engine_unlocked(self) -> Engine:
+        if self._engine is None:
+            self._engine = make_engine(self.settings, size=self._size("main"), overflow=0, name=self._name)
+            self._sessions = make_session_factory(self._engine)
+        return self._engine
 
     def autocommit(self, *, durable: bool = False) -> Engine | None:
         """The engine for one-statement claims and completions; ``durable`` for those that
-        finish a job (None on SQLite; see ``make_autocommit_engine``)."""
+        finish a job (None on SQLite; see ``make_autocommit_engine``). The durable one shares the
+        main engine's pool: completions that finish a job are few next to claims."""
         with self._lock:
             if durable not in self._autocommit:
-                self._autocommit[durable] = make_autocommit_engine(self.settings, durable=durable)
+                if durable:
+                    self._autocommit[durable] = autocommit_of(self._engine_unlocked())
+                else:
+                    self._autocommit[durable] = make_autocommit_engine(
+                        self.settings, durable=False, size=self._size("claims"), overflow=0, name=self._name
+                    )
             return self._autocommit[durable]
 
     @property
@@ -111,8 +136,8 @@ class FarmRuntime:
             if self._engine is not None:
                 self._engine.dispose()
                 self._engine = self._sessions = None
-            for engine in self._autocommit.values():
-                if engine is not None:
+            for durable, engine in self._autocommit.items():
+                if engine is not None and not durable:  # the durable one is the main engine's pool
                     engine.dispose()
             self._autocommit.clear()
             if self._redis is not None:

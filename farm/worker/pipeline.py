@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -23,6 +23,7 @@ from farm.constants import POLICY_OUTCOMES, Outcome, Stage, batch_events_channel
 from farm.db import teardowns
 from farm.db.base import utcnow
 from farm.db.jobs import claims, completions, lifecycle
+from farm.db.session import waiting_out
 from farm.errors import FarmError
 from farm.handlers.base import StageContext, TaskHandler
 from farm.handlers.registry import get_handler
@@ -126,8 +127,10 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
                 _teardown(rt, attempt, produced=output.produced_state())
                 return _retry_or_fail(rt, app, attempt, Outcome.INFRA_ERROR, verdict.reason)
             output = _marked_stale(output, verdict)
+        # Under the lease still: a completion that waits out an unavailable database keeps the stage
+        # its own (renewed once the database is back) instead of the sweeper giving it to another.
+        done = _complete(rt, claim, worker, output)
 
-    done = _complete(rt, claim, worker, output)
     if not done.recorded:
         if done.reason == "cancelled":
             # What this stage made (INIT's sandbox, say) was not recorded: tear it down too.
@@ -157,13 +160,17 @@ def _claim(rt: FarmRuntime, stage: Stage, job_id: int, worker: str) -> claims.Cl
         "lease_s": settings.lease_s,
         "samplings": rt.samplings,
     }
-    if (autocommit := rt.autocommit()) is not None:
-        with autocommit.connect() as conn:
-            claim = claims.claim_next(conn, **common)
-        if claim is not None:
-            return claim
-    with rt.engine.begin() as session:
-        return claims.claim_stage(session, max_attempts=settings.max_attempts, **common)
+
+    def claim() -> claims.Claim:
+        if (autocommit := rt.autocommit()) is not None:
+            with autocommit.connect() as conn:
+                granted = claims.claim_next(conn, **common)
+            if granted is not None:
+                return granted
+        with rt.engine.begin() as session:
+            return claims.claim_stage(session, max_attempts=settings.max_attempts, **common)
+
+    return _waiting_out(rt, claim, f"job {job_id} {stage.value}: claim")
 
 
 def _complete(
@@ -175,13 +182,24 @@ def _complete(
     now = utcnow()
     owed_until = now + timedelta(seconds=rt.settings.worker.lease_s)
     durable = completions.finishes(claim.stage, output.run_result)
-    if (autocommit := rt.autocommit(durable=durable)) is not None:
-        with autocommit.connect() as conn:
-            done = completions.complete_next(conn, claim, output, worker=worker, now=now, owed_until=owed_until)
-        if done is not None:
-            return done
-    with rt.engine.begin() as session:
-        return completions.complete_stage(session, claim, output, worker=worker, now=now, owed_until=owed_until)
+
+    def complete() -> completions.Completion:
+        if (autocommit := rt.autocommit(durable=durable)) is not None:
+            with autocommit.connect() as conn:
+                done = completions.complete_next(conn, claim, output, worker=worker, now=now, owed_until=owed_until)
+            if done is not None:
+                return done
+        with rt.engine.begin() as session:
+            return completions.complete_stage(session, claim, output, worker=worker, now=now, owed_until=owed_until)
+
+    return _waiting_out(rt, complete, f"job {claim.job_id} {claim.stage.value}: completion")
+
+
+def _waiting_out(rt: FarmRuntime, call: Callable[[], T], what: str) -> T:
+    """``call()``, waiting out a database that is full, restarting or out of free connections
+    (``database.unavailable_wait_s``): that costs the stage time, never an attempt. Past the wait
+    the error reaches the stage task, which hands the message back to its queue."""
+    return waiting_out(call, settings=rt.settings, what=what, log=log)
 
 
 def _call_stage(rt: FarmRuntime, attempt: _Attempt) -> completions.StageOutput:
@@ -251,16 +269,20 @@ def _retry_or_fail(rt: FarmRuntime, app: Celery, attempt: _Attempt, outcome: Out
     if claim.attempt < rt.settings.worker.max_attempts:
         delay = rt.settings.worker.retry_delay_s
         now = utcnow()
-        with rt.engine.begin() as session:
-            task_id = lifecycle.retry_stage(
-                session,
-                job_id=claim.job_id,
-                stage=stage,
-                worker=worker,
-                now=now,
-                error=error,
-                resend_until=now + timedelta(seconds=delay + rt.settings.worker.lease_s),
-            )
+
+        def retry() -> str | None:
+            with rt.engine.begin() as session:
+                return lifecycle.retry_stage(
+                    session,
+                    job_id=claim.job_id,
+                    stage=stage,
+                    worker=worker,
+                    now=now,
+                    error=error,
+                    resend_until=now + timedelta(seconds=delay + rt.settings.worker.lease_s),
+                )
+
+        task_id = _waiting_out(rt, retry, f"job {claim.job_id} {stage.value}: retry")
         if task_id is not None:
             send_stage(app, job_id=claim.job_id, stage=stage, node=claim.node, task_id=task_id, countdown=delay)
             log.warning(
@@ -277,10 +299,15 @@ def _retry_or_fail(rt: FarmRuntime, app: Celery, attempt: _Attempt, outcome: Out
 
 
 def _fail(rt: FarmRuntime, app: Celery, claim: claims.Claim, worker: str, outcome: Outcome, error: str) -> StageReport:
-    with rt.engine.begin() as session:
-        lifecycle.fail_stage(
-            session, job_id=claim.job_id, stage=claim.stage, worker=worker, now=utcnow(), outcome=outcome, error=error
-        )
+    now = utcnow()
+
+    def fail() -> None:
+        with rt.engine.begin() as session:
+            lifecycle.fail_stage(
+                session, job_id=claim.job_id, stage=claim.stage, worker=worker, now=now, outcome=outcome, error=error
+            )
+
+    _waiting_out(rt, fail, f"job {claim.job_id} {claim.stage.value}: failure")
     _finished(rt, app, claim)
     log.error(
         "job %s %s failed (%s): %s", claim.job_id, claim.stage.value, outcome.value, (error.splitlines() or [""])[0]

@@ -110,13 +110,20 @@ def run_worker(
     node = settings.worker.node
     label = name or "-".join(s.value for s in stages)
     slots = concurrency or default_concurrency(settings, stages)
+    pools = app.farm.size_pools(slots, name=f"farm-worker-{label}@{node}")
     identity = metrics.WorkerProcess(
-        name=f"{label}@{node}", node=node, stages=tuple(s.value for s in stages), slots=slots, pid=os.getpid()
+        name=f"{label}@{node}",
+        node=node,
+        stages=tuple(s.value for s in stages),
+        slots=slots,
+        pid=os.getpid(),
+        db_connections=pools.total,
     )
     sweeper = Sweeper(app.farm, app, identity)
     stop_reaper = threading.Event()
 
     def _start(**_: Any) -> None:
+        log.info("database connections of this worker (%s slots): %s", slots, pools.describe())
         sweeper.start()
         # Sandboxes of a worker that was killed on this node are found by their owner pid and removed.
         start_reaper(settings, stop=stop_reaper)

@@ -9,6 +9,7 @@ from typing import Any
 from celery import Task
 from redis.exceptions import RedisError
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from farm.constants import TASK_FOR_STAGE, Stage
 from farm.errors import ClaimLost
@@ -17,8 +18,8 @@ from farm.worker.pipeline import StageReport, execute_stage
 
 log = logging.getLogger(__name__)
 
-#: backoff while the database or Redis is unreachable (or the database lost the stage's claim):
-#: the message waits, it is never dropped.
+#: backoff while the database or Redis is unreachable past what the pipeline waits out (or the
+#: database lost the stage's claim): the message waits, it is never dropped.
 INFRA_RETRY_MAX_S = 30.0
 
 
@@ -35,7 +36,7 @@ def register_stages(app: FarmCelery) -> dict[Stage, Any]:
         def body(self: Task, job_id: int, _stage: Stage = stage) -> dict[str, Any]:
             try:
                 report: StageReport = execute_stage(app.farm, app, _stage, int(job_id), worker=worker_id(self))
-            except (DBAPIError, RedisError, ClaimLost) as exc:
+            except (DBAPIError, PoolTimeout, RedisError, ClaimLost) as exc:
                 delay = min(2.0**self.request.retries, INFRA_RETRY_MAX_S)
                 log.warning("job %s %s: infrastructure failed (%s); retry in %.0fs", job_id, _stage.value, exc, delay)
                 raise self.retry(exc=exc, countdown=delay, max_retries=None) from exc

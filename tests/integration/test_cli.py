@@ -67,6 +67,11 @@ def test_status_and_cancel(stack: EmbeddedStack, tmp_path: Path):
     overview = json.loads(farm_cli(stack, "status", "--json").stderr)
     assert {w["name"] for w in overview["workers"]} >= {f"init@{node}", f"run@{node}", f"eval@{node}"}
     assert int(batch_id) in [b["id"] for b in overview["batches"]]
+    # The connection budget: each worker's pools (farm.db.budget) and this API's, against the server's limit.
+    assert all(w["db_connections"] == 3 for w in overview["workers"]), overview["workers"]
+    database = overview["database"]
+    assert database["budget"] == 22 + 3 * len(overview["workers"]) and database["max_connections"] > 0
+    assert f"database connections: budget {database['budget']}" in " ".join(glance.stderr.split())
     cancelled = farm_cli(stack, "cancel", batch_id)
     assert cancelled.returncode == 0 and '"state": "cancelled"' in cancelled.stderr
     status = farm_cli(stack, "status", batch_id)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from farm.client import (
+    NO_RETRIES,
     ApiError,
     AsyncFarmClient,
     Conflict,
@@ -117,7 +118,10 @@ def test_error_answer_raises_api_error_with_code_and_detail():
 def test_each_error_code_raises_the_farm_error_a_trainer_catches(status, code, caught):
     body = {"code": code, "detail": "what to fix", "field": "tasks.0.type"}
     transport = httpx.MockTransport(lambda r: httpx.Response(status, json=body))
-    with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(caught) as info:
+    with (
+        FarmClient("http://farm", token="t", transport=transport, retry=NO_RETRIES) as client,
+        pytest.raises(caught) as info,
+    ):
         client.status(1)
     assert isinstance(info.value, ApiError) and (info.value.status, info.value.code) == (status, code)
     assert info.value.field == "tasks.0.type"
@@ -142,7 +146,10 @@ def test_an_unknown_code_is_a_plain_api_error():
 
 def test_non_json_error_still_raises_api_error():
     transport = httpx.MockTransport(lambda r: httpx.Response(502, text="bad gateway"))
-    with FarmClient("http://farm", token="t", transport=transport) as client, pytest.raises(ApiError) as info:
+    with (
+        FarmClient("http://farm", token="t", transport=transport, retry=NO_RETRIES) as client,
+        pytest.raises(ApiError) as info,
+    ):
         client.job(3)
     assert info.value.status == 502 and info.value.detail == "bad gateway"
 

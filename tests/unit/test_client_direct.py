@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from farm.client import ApiError, FarmClient, NotFound, Unavailable
+from farm.client import NO_RETRIES, ApiError, FarmClient, NotFound, Unavailable
 from farm.schemas import RESULTS_MEDIA_TYPE, RawArray
 from tests.unit.test_client import _binary_body, _item, _page, _with_trajectory
 
@@ -90,7 +90,9 @@ def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Server]]:
 
 
 def _client(url: str, path: str, **kwargs: object) -> FarmClient:
+    """A client that raises every failure at once (its retries: tests/unit/test_client_retry.py)."""
     transport = httpx.HTTPTransport() if path == "httpx" else None
+    kwargs.setdefault("retry", NO_RETRIES)
     client = FarmClient(url, token="t", transport=transport, **kwargs)  # type: ignore[arg-type]
     assert (client._direct is not None) == (path == "direct")
     return client
