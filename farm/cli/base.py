@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 from pydantic import BaseModel, ValidationError
@@ -60,12 +60,6 @@ def api_client(settings: Settings, url: str | None) -> Any:
     return FarmClient(url or settings.api_url, token=token)
 
 
-def fail(message: str, status: int = EXIT_FAILED) -> NoReturn:
-    """One line on stderr and the exit status."""
-    console.print(f"[red]error:[/] {message}", highlight=False)
-    sys.exit(status)
-
-
 def settings_problem(exc: ValidationError) -> str:
     """A settings error as one line naming the environment variable (``FARM_API__PORT``), not
     pydantic's report with its traceback."""
@@ -90,15 +84,15 @@ class _FarmGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ApiError as exc:
-            console.print(f"[red]error ({exc.status} {exc.code}):[/] {exc.detail}", highlight=False)
+            console.print(f"[red]error ({exc.status} {exc.code}):[/] {exc.detail}", highlight=False, soft_wrap=True)
             for problem in getattr(exc, "errors", None) or []:
                 console.print(f"  {problem.get('field')}: {problem.get('detail')}", highlight=False, markup=False)
             ctx.exit(EXIT_REFUSED if exc.status < 500 else EXIT_FAILED)
         except (ConfigError, NotFound, InvalidSpec) as exc:
-            console.print(f"[red]error:[/] {exc}", highlight=False)
+            console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
             ctx.exit(EXIT_REFUSED)
         except FarmError as exc:
-            console.print(f"[red]error:[/] {exc}", highlight=False)
+            console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
             ctx.exit(EXIT_FAILED)
         except httpx.TransportError as exc:
             url = str(exc.request.url.copy_with(path="/", query=None)) if _has_request(exc) else "the API"
@@ -106,6 +100,7 @@ class _FarmGroup(click.Group):
                 f"[red]error:[/] cannot reach the farm API at {url} ({exc or type(exc).__name__}); "
                 "is it up (`farm up`), and are --url or FARM_API__HOST/FARM_API__PORT right?",
                 highlight=False,
+                soft_wrap=True,  # one line however narrow the terminal: a script greps it
             )
             ctx.exit(EXIT_FAILED)
 

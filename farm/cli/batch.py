@@ -81,7 +81,7 @@ def submit(
                 history=history,
             )
         except ApiError as exc:
-            console.print(f"[red]refused ({exc.status} {exc.code}):[/] {exc.detail}", highlight=False)
+            console.print(f"[red]refused ({exc.status} {exc.code}):[/] {exc.detail}", highlight=False, soft_wrap=True)
             for problem in getattr(exc, "errors", None) or []:
                 console.print(f"  {problem.get('field')}: {problem.get('detail')}", highlight=False, markup=False)
             sys.exit(EXIT_REFUSED if exc.status < 500 else 1)
