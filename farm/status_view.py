@@ -100,7 +100,7 @@ def _batches(overview: Overview) -> Table:
 
 def batch_view(batch: BatchStatus) -> Table:
     """One batch as a reader wants it: its state, progress, jobs per state and outcomes."""
-    table = Table(title=f"batch {batch.id}", title_justify="left", show_header=False)
+    table = Table(title=f"batch {batch.id}", title_justify="left", show_header=False, box=None)
     table.add_column("what", style="bold")
     table.add_column("value")
     finished = f" (finished {batch.finished_at:%Y-%m-%d %H:%M:%S} UTC)" if batch.finished_at else ""

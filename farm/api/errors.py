@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from farm.batches import submit
 from farm.errors import HTTP_ERRORS, FarmError, Problem
-from farm.handlers.base import field_path
+from farm.handlers.base import error_message, field_path
 from farm.proxy.errors import any_sdk_error_body, is_harness_path
 from farm.schemas import ErrorOut
 from farm.schemas.stored import NO_NUL_PATTERN
@@ -131,7 +131,7 @@ def _message(error: Any) -> str:
         return "holds an unpaired UTF-16 surrogate (half of a pair), which is no text; send valid Unicode"
     if error.get("type") == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == NO_NUL_PATTERN:
         return "holds a NUL character, which no stored text may hold"
-    return str(error.get("msg", "invalid"))
+    return error_message(error)
 
 
 #: methods an ``Allow`` header may name.

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 import click
 
-from farm.cli.base import EXIT_REFUSED, api_client, console, load_settings, main, out, print_json
+from farm.cli.base import EXIT_REFUSED, api_client, console, load_settings, main, print_json
+from farm.cli.base import out as stdout
 
 
 def _read_tasks(path: Path) -> list[dict[str, Any]]:
@@ -102,7 +103,7 @@ def submit(
         if as_json:
             print_json({"batch": batch.model_dump(mode="json"), "summary": _summary_json(summaries)})
         else:
-            out.print(summary_table(summaries, title=f"batch {batch.id}"))
+            stdout.print(summary_table(summaries, title=f"batch {batch.id}"))
 
 
 def _summary_json(summaries: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +148,7 @@ def status(batch_id: int | None, watch: bool | None, as_json: bool, url: str | N
             else:
                 from farm.status_view import batch_view
 
-                out.print(batch_view(batch))
+                stdout.print(batch_view(batch))
             return
         if as_json:
             print_json(client.overview())
@@ -165,10 +166,10 @@ def status(batch_id: int | None, watch: bool | None, as_json: bool, url: str | N
                 health = Health(status="unavailable", checks={"readyz": exc.detail}, version="?")
             return overview_view(health, client.overview(), url=client_url)
 
-        if not (watch if watch is not None else out.is_terminal):
-            out.print(view())
+        if not (watch if watch is not None else stdout.is_terminal):
+            stdout.print(view())
             return
-        with Live(view(), console=out, refresh_per_second=1, transient=False) as live:
+        with Live(view(), console=stdout, refresh_per_second=1, transient=False) as live:
             try:
                 while True:
                     time.sleep(2.0)
@@ -218,7 +219,7 @@ def cancel(batch_id: int, as_json: bool, url: str | None) -> None:
     else:
         from farm.status_view import batch_view
 
-        out.print(batch_view(batch))
+        stdout.print(batch_view(batch))
 
 
 @main.command()

@@ -241,11 +241,16 @@ def field_path(loc: Sequence[int | str], prefix: str = "") -> str:
     return ".".join([prefix, *parts] if prefix else parts)
 
 
+def error_message(error: Any) -> str:
+    """pydantic's message for one error, without the ``Value error, `` it puts before a validator's own."""
+    return str(error.get("msg", "invalid")).removeprefix("Value error, ")
+
+
 def problems_of(exc: ValidationError, prefix: str = "") -> list[Problem]:
     """Every error of ``exc`` as ``{field, detail}``, fields under ``prefix``."""
     seen: list[Problem] = []
     for error in exc.errors():
-        problem = {"field": field_path(error["loc"], prefix), "detail": str(error["msg"])}
+        problem = {"field": field_path(error["loc"], prefix), "detail": error_message(error)}
         if problem not in seen:  # a union's members each report the same input
             seen.append(problem)
     return seen
