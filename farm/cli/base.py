@@ -38,9 +38,8 @@ def print_json(value: BaseModel | dict[str, Any] | list[Any]) -> None:
 
 
 def load_settings() -> Settings:
-    from farm.handlers.registry import allow_handler_paths
-
     from farm.errors import ConfigError
+    from farm.handlers.registry import allow_handler_paths
 
     try:
         settings = Settings()
