@@ -84,7 +84,7 @@ class _FarmGroup(click.Group):
             return super().invoke(ctx)
         except ApiError as exc:
             console.print(f"[red]error ({exc.status} {exc.code}):[/] {exc.detail}", highlight=False, soft_wrap=True)
-            for problem in getattr(exc, "errors", None) or []:
+            for problem in exc.errors or []:
                 console.print(f"  {problem.get('field')}: {problem.get('detail')}", highlight=False, markup=False)
             ctx.exit(EXIT_REFUSED if exc.status < 500 else EXIT_FAILED)
         except (ConfigError, NotFound, InvalidSpec) as exc:

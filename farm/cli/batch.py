@@ -83,7 +83,7 @@ def submit(
             )
         except ApiError as exc:
             console.print(f"[red]refused ({exc.status} {exc.code}):[/] {exc.detail}", highlight=False, soft_wrap=True)
-            for problem in getattr(exc, "errors", None) or []:
+            for problem in exc.errors or []:
                 console.print(f"  {problem.get('field')}: {problem.get('detail')}", highlight=False, markup=False)
             sys.exit(EXIT_REFUSED if exc.status < 500 else 1)
         console.print(f"batch [bold]{batch.id}[/]: {len(batch.job_ids)} jobs")
