@@ -10,7 +10,8 @@
     │   ├─ TrialNotFound                (farm.trials) no trial has the id
     │   ├─ WeightUpdateNotFound
     │   └─ HandlerNotFound              unknown task type (lists the known ones)
-    ├─ InvalidSpec                      a task spec or request a handler refuses (names the field)
+    ├─ InvalidSpec                      a task spec or request a handler refuses (names the field, and
+    │                                   in ``errors`` every problem found, as ``{field, detail}``)
     │   └─ EngineRequestError           (also a ValueError) the built-in backend refuses a prompt: 400
     ├─ Conflict                         e.g. an idempotency key reused with another body
     │   └─ TrialEnded                   (farm.trials) the trial takes no more calls
@@ -115,14 +116,22 @@ class TrialNotFound(NotFound):
     """No trial has this id."""
 
 
+#: one problem of a request: the field it is about (a dotted path, ``tasks.0.config.problem_id``)
+#: and what is wrong with it.
+Problem = dict[str, str]
+
+
 class HandlerNotFound(NotFound):
     """No handler is registered under that task type."""
 
     outcome = "handler_error"
 
-    def __init__(self, message: str, *, field: str | None = None, **context: Any) -> None:
+    def __init__(
+        self, message: str, *, field: str | None = None, errors: list[Problem] | None = None, **context: Any
+    ) -> None:
         super().__init__(message, **context)
         self.field = field
+        self.errors = errors
 
 
 class WeightUpdateNotFound(NotFound):
@@ -130,11 +139,15 @@ class WeightUpdateNotFound(NotFound):
 
 
 class InvalidSpec(FarmError):
-    """A request or task spec is invalid; the message names the field to fix."""
+    """A request or task spec is invalid; the message names the field to fix (the first problem),
+    ``errors`` lists every problem found (``None``: only the one)."""
 
-    def __init__(self, message: str, *, field: str | None = None, **context: Any) -> None:
+    def __init__(
+        self, message: str, *, field: str | None = None, errors: list[Problem] | None = None, **context: Any
+    ) -> None:
         super().__init__(message, **context)
         self.field = field
+        self.errors = errors
 
 
 class EngineRequestError(InvalidSpec, ValueError):
@@ -281,12 +294,16 @@ class ApiError(FarmError):
     also the error class of its ``code`` (see ``api_error``), so ``except NotFound`` works on both
     sides of the wire."""
 
-    def __init__(self, status: int, code: str, detail: str, field: str | None = None) -> None:
+    def __init__(
+        self, status: int, code: str, detail: str, field: str | None = None, errors: list[Problem] | None = None
+    ) -> None:
         super().__init__(f"{status} {code}: {detail}")
         self.status = status
         self.code = code
         self.detail = detail
         self.field = field
+        #: every problem the answer listed (``{field, detail}``), when it listed them.
+        self.errors = errors
 
 
 #: The API's answer to each error: (class, HTTP status, ``code`` in the body), most specific
@@ -330,10 +347,12 @@ _API_CLASSES: dict[str, type[ApiError]] = {
 }
 
 
-def api_error(status: int, code: str, detail: str, field: str | None = None) -> ApiError:
+def api_error(
+    status: int, code: str, detail: str, field: str | None = None, errors: list[Problem] | None = None
+) -> ApiError:
     """The exception for an error answer: an ``ApiError`` that is also the class of ``code``
     (a plain ``ApiError`` for a code this client does not know)."""
-    return _API_CLASSES.get(code, ApiError)(status, code, detail, field)
+    return _API_CLASSES.get(code, ApiError)(status, code, detail, field, errors)
 
 
 class ProxyError(Exception):

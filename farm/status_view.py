@@ -1,4 +1,5 @@
-"""``farm status``: the farm at a glance, drawn with rich from ``GET /v1/overview``.
+"""``farm status``: the farm at a glance, drawn with rich from ``GET /v1/overview``; and one batch
+(``farm status BATCH``, ``farm cancel``) from ``GET /v1/batches/{id}``.
 
 The database's connections (the farm's budget, those in use, the server's limit), pools (worker
 processes and slots per node and stage, with the queue each consumes and the node's
@@ -13,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from farm.constants import Stage
-from farm.schemas import Health, Overview
+from farm.schemas import BatchStatus, Health, Overview
 
 STAGES = (Stage.INIT, Stage.RUN, Stage.EVAL)
 
@@ -109,4 +110,29 @@ def _batches(overview: Overview) -> Table:
         )
     if not overview.batches:
         table.add_row("(none)", "", "", "", "")
+    return table
+
+
+def batch_view(batch: BatchStatus) -> Table:
+    """One batch as a reader wants it: its state, progress, jobs per state and outcomes."""
+    table = Table(title=f"batch {batch.id}", title_justify="left", show_header=False, box=None)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    finished = f" (finished {batch.finished_at:%Y-%m-%d %H:%M:%S} UTC)" if batch.finished_at else ""
+    table.add_row("state", f"{batch.state.value}{finished}")
+    table.add_row("created", f"{batch.created_at:%Y-%m-%d %H:%M:%S} UTC")
+    table.add_row("jobs", f"{batch.finished_jobs}/{batch.total_jobs} finished (groups of {batch.group_size})")
+    table.add_row("by state", ", ".join(f"{s.value} {n}" for s, n in batch.counts.items() if n) or "-")
+    table.add_row("outcomes", ", ".join(f"{o.value} {n}" for o, n in sorted(batch.outcomes.items()) if n) or "-")
+    table.add_row("history", batch.history)
+    if batch.dynamic is not None:
+        d = batch.dynamic
+        table.add_row(
+            "dynamic",
+            f"{d.informative}/{d.target_groups} informative groups; {d.started} started of a pool of {d.pool}, "
+            f"{d.running} running, {d.uninformative} uninformative, {d.failed} failed, {d.skipped} skipped"
+            + (f"; ended: {d.end_reason}" if d.end_reason else ""),
+        )
+    if batch.metadata:
+        table.add_row("metadata", ", ".join(f"{k}={v}" for k, v in batch.metadata.items()))
     return table

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -20,7 +21,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from farm.errors import HTTP_ERRORS, FarmError
+from farm.batches import submit
+from farm.errors import HTTP_ERRORS, FarmError, Problem
+from farm.handlers.base import error_message, field_path
 from farm.proxy.errors import any_sdk_error_body, is_harness_path
 from farm.schemas import ErrorOut
 from farm.schemas.stored import NO_NUL_PATTERN
@@ -46,9 +49,16 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def error_response(
-    status: int, code: str, detail: str, field: str | None = None, headers: dict[str, str] | None = None
+    status: int,
+    code: str,
+    detail: str,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+    errors: list[Problem] | None = None,
 ) -> JSONResponse:
-    body = ErrorOut(code=code, detail=detail, field=field).model_dump(exclude_none=True)
+    body = ErrorOut.model_validate({"code": code, "detail": detail, "field": field, "errors": errors}).model_dump(
+        exclude_none=True
+    )
     headers = dict(headers or {})
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
@@ -59,7 +69,9 @@ def _farm_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, FarmError)
     for cls, status, code in HTTP_ERRORS:
         if isinstance(exc, cls):
-            return error_response(status, code, exc.message, getattr(exc, "field", None))
+            field = getattr(exc, "field", None)
+            errors = getattr(exc, "errors", None) or ([{"field": field, "detail": exc.message}] if field else None)
+            return error_response(status, code, exc.message, field, errors=errors)
     log.error("unhandled farm error: %s", exc)
     return error_response(503, "unavailable", exc.message)
 
@@ -85,12 +97,32 @@ def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     if first.get("type") == "json_invalid":
         return error_response(422, "invalid_request", _json_error_message(request, first), "body")
-    loc = [str(p) for p in first.get("loc", ())]
-    # The body as a whole (missing, or JSON that is no object) is named "body", not left unnamed.
-    field = ".".join(loc[1:] if loc[:1] == ["body"] and len(loc) > 1 else loc) or None
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    where = f"{field}: " if field else ""
-    return error_response(422, "invalid_request", f"{where}{_message(first)}{more}", field)
+    problems: list[Problem] = []
+    for error in errors:
+        problem = {"field": _request_field(error.get("loc", ())), "detail": _message(error)}
+        if problem not in problems:  # a union's members each report the same input
+            problems.append(problem)
+    if request.method == "POST" and request.url.path.rstrip("/") == "/v1/batches":
+        # The tasks' own configs are checked by their handlers after the schema passes: check those
+        # that can be read now too, so one answer lists every problem of the batch.
+        body = exc.body if isinstance(exc.body, dict) else {}
+        tasks = body.get("tasks")
+        if isinstance(tasks, list):
+            problems += [p for p in submit.task_problems(tasks) if p not in problems]
+    head = problems[0] if problems else {"field": "body", "detail": "invalid request"}
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return error_response(
+        422, "invalid_request", f"{head['field']}: {head['detail']}{more}", head["field"], errors=problems or None
+    )
+
+
+def _request_field(loc: Sequence[int | str]) -> str:
+    """Where a request error is, as a dotted path: ``sampling.temperature`` for the body's fields (the
+    ``body`` prefix dropped, and pydantic's names of union members), ``query.limit``, or ``body``."""
+    parts = list(loc)
+    if parts[:1] == ["body"] and len(parts) > 1:
+        parts = parts[1:]
+    return field_path(parts) or "body"
 
 
 def _message(error: Any) -> str:
@@ -100,7 +132,7 @@ def _message(error: Any) -> str:
         return "holds an unpaired UTF-16 surrogate (half of a pair), which is no text; send valid Unicode"
     if error.get("type") == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == NO_NUL_PATTERN:
         return "holds a NUL character, which no stored text may hold"
-    return str(error.get("msg", "invalid"))
+    return error_message(error)
 
 
 #: methods an ``Allow`` header may name.

@@ -9,8 +9,9 @@ reconciler to send them at ``owed_until``. Duplicates are harmless: a stage is c
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import NoReturn
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -20,7 +21,7 @@ from farm.db import batches
 from farm.db.base import utcnow
 from farm.db.session import transaction
 from farm.dynamic.filters import SPREAD_FILTERS, get_filter
-from farm.errors import ConfigError, HandlerNotFound, InvalidSpec
+from farm.errors import ConfigError, HandlerNotFound, InvalidSpec, Problem
 from farm.handlers.base import validate_config
 from farm.handlers.registry import get_config_class
 from farm.schemas import BatchCreate, BatchCreated
@@ -71,58 +72,97 @@ def submit_batch(
 
 def validate(request: BatchCreate, settings: Settings) -> None:
     """What the schema cannot say about a batch: the farm's limits, each task's config (by its
-    handler's config class), a dynamic batch's options. Each a 422 naming the field.
+    handler's config class), a dynamic batch's options. One 422 that lists every problem found
+    (``errors``, each ``{field, detail}``) and names the first in its message and ``field``.
 
     Raises:
-        InvalidSpec: the first thing wrong, with the field it is about.
-        HandlerNotFound: a task names no installed handler.
+        InvalidSpec: something is wrong (the first problem, and all of them in ``errors``).
+        HandlerNotFound: the first problem is a task that names no installed handler.
     """
+    found: list[tuple[type[InvalidSpec] | type[HandlerNotFound], Problem]] = []
     limits = settings.api
     if len(request.tasks) > limits.max_tasks_per_batch:
-        raise InvalidSpec(
-            f"tasks: {len(request.tasks)} tasks exceed the limit of {limits.max_tasks_per_batch} "
-            "per batch; submit several batches",
-            field="tasks",
+        detail = (
+            f"{len(request.tasks)} tasks exceed the limit of {limits.max_tasks_per_batch} per batch; "
+            "submit several batches"
         )
+        found.append((InvalidSpec, {"field": "tasks", "detail": detail}))
     job_count = len(request.tasks) * request.group_size
     if request.dynamic is None and job_count > limits.max_jobs_per_batch:
-        raise InvalidSpec(
-            f"group_size: {len(request.tasks)} tasks x group_size {request.group_size} = {job_count} jobs exceed the "
-            f"limit of {limits.max_jobs_per_batch} per batch; submit several batches",
-            field="group_size",
+        detail = (
+            f"{len(request.tasks)} tasks x group_size {request.group_size} = {job_count} jobs exceed the "
+            f"limit of {limits.max_jobs_per_batch} per batch; submit several batches"
         )
-    _validate_tasks(request)
-    _validate_dynamic(request)
+        found.append((InvalidSpec, {"field": "group_size", "detail": detail}))
+    found += _task_problems([(task.type, task.config) for task in request.tasks])
+    found += [(InvalidSpec, problem) for problem in _dynamic_problems(request)]
+    if found:
+        raise_problems(found)
 
 
-def _validate_tasks(request: BatchCreate) -> None:
-    """Only the config class is loaded (see ``farm.handlers.registry``): never the handler."""
-    for i, task in enumerate(request.tasks):
+def raise_problems(found: Sequence[tuple[type[InvalidSpec] | type[HandlerNotFound], Problem]]) -> NoReturn:
+    """One error for every problem found: the first one's class, field and message."""
+    cls, first = found[0]
+    problems = [problem for _, problem in found]
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    raise cls(f"{first['field']}: {first['detail']}{more}", field=first["field"], errors=problems)
+
+
+def task_problems(tasks: Sequence[object]) -> list[Problem]:
+    """The handler-level problems of tasks as they arrived (JSON), for a request refused before its
+    tasks were read (another field is wrong): the tasks whose ``type`` and ``config`` are readable."""
+    readable = [
+        (task.get("type"), task.get("config", {})) if isinstance(task, dict) else (None, None) for task in tasks
+    ]
+    return [problem for _, problem in _task_problems(readable)]
+
+
+def _task_problems(
+    tasks: Sequence[tuple[object, object]],
+) -> list[tuple[type[InvalidSpec] | type[HandlerNotFound], Problem]]:
+    """Only the config class is loaded (see ``farm.handlers.registry``): never the handler. A task
+    whose type or config is not even a string or an object is skipped (the schema says so)."""
+    found: list[tuple[type[InvalidSpec] | type[HandlerNotFound], Problem]] = []
+    for i, (task_type, config) in enumerate(tasks):
+        if not isinstance(task_type, str) or not isinstance(config, dict):
+            continue
         try:
-            validate_config(get_config_class(task.type), task.config)
+            validate_config(get_config_class(task_type), config)
         except HandlerNotFound as exc:
-            raise HandlerNotFound(f"tasks.{i}.type: {exc.message}", field=f"tasks.{i}.type") from exc
+            found.append((HandlerNotFound, {"field": f"tasks.{i}.type", "detail": exc.message}))
         except ConfigError as exc:
             # A `module:Class` type that cannot be imported or is no handler: the request's fault.
-            raise InvalidSpec(f"tasks.{i}.type: {exc.message}", field=f"tasks.{i}.type") from exc
+            found.append((InvalidSpec, {"field": f"tasks.{i}.type", "detail": exc.message}))
         except InvalidSpec as exc:
-            raise InvalidSpec(f"tasks.{i}.{exc.message}", field=f"tasks.{i}.{exc.field}") from exc
+            problems = exc.errors or [{"field": exc.field or "config", "detail": exc.message}]
+            found += [(InvalidSpec, {"field": f"tasks.{i}.{p['field']}", "detail": p["detail"]}) for p in problems]
+    return found
 
 
-def _validate_dynamic(request: BatchCreate) -> None:
+def _dynamic_problems(request: BatchCreate) -> list[Problem]:
     options = request.dynamic
     if options is None:
-        return
-    get_filter(options.filter)  # an unknown name is a 422 naming dynamic.filter
+        return []
+    found: list[Problem] = []
+    try:
+        get_filter(options.filter)
+    except InvalidSpec as exc:
+        found.append({"field": exc.field or "dynamic.filter", "detail": _without_field(exc.message, exc.field)})
     if options.target_groups > len(request.tasks):
-        raise InvalidSpec(
-            f"dynamic.target_groups: {options.target_groups} informative groups cannot come from a pool of "
-            f"{len(request.tasks)} tasks; give more tasks or ask for fewer groups",
-            field="dynamic.target_groups",
+        detail = (
+            f"{options.target_groups} informative groups cannot come from a pool of {len(request.tasks)} tasks; "
+            "give more tasks or ask for fewer groups"
         )
+        found.append({"field": "dynamic.target_groups", "detail": detail})
     if request.group_size < 2 and options.filter in SPREAD_FILTERS:
-        raise InvalidSpec(
-            f"group_size: the {options.filter!r} filter compares the rewards of a group's samples, so a group "
-            "needs at least 2 (group_size 1 would never be informative)",
-            field="group_size",
+        detail = (
+            f"the {options.filter!r} filter compares the rewards of a group's samples, so a group needs at least "
+            "2 (group_size 1 would never be informative)"
         )
+        found.append({"field": "group_size", "detail": detail})
+    return found
+
+
+def _without_field(message: str, field: str | None) -> str:
+    """A message that starts ``field: `` (the one-problem form) without that start."""
+    return message.removeprefix(f"{field}: ") if field else message

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 import click
 
-from farm.cli.base import api_client, console, load_settings, main
+from farm.cli.base import EXIT_REFUSED, api_client, console, load_settings, main, print_json
+from farm.cli.base import out as stdout
 
 
 def _read_tasks(path: Path) -> list[dict[str, Any]]:
@@ -42,7 +43,13 @@ def _read_tasks(path: Path) -> list[dict[str, Any]]:
     help="the batch's history policy where a chat template rewrites earlier turns (default: the farm's, exact)",
 )
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write results as JSONL")
-@click.option("--wait/--no-wait", default=True, show_default=True)
+@click.option(
+    "--wait/--no-wait",
+    default=True,
+    show_default=True,
+    help="follow the batch to its end; --no-wait prints the batch id alone on stdout",
+)
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON (the batch created, and its summary)")
 @click.option("--url", default=None, help="API URL (default: from settings)")
 def submit(
     file: Path,
@@ -54,9 +61,13 @@ def submit(
     history: Literal["exact", "template"] | None,
     out: Path | None,
     wait: bool,
+    as_json: bool,
     url: str | None,
 ) -> None:
-    """Submit FILE (JSONL, one task spec per line: {"type": ..., "config": {...}}) and follow it."""
+    """Submit FILE (JSONL, one task spec per line: {"type": ..., "config": {...}}) and follow it.
+
+    On stdout: the batch id (--no-wait), or the summary table of the finished batch; the progress
+    goes to stderr."""
     from farm.errors import ApiError
     from farm.progress import follow, summarize, summary_table
 
@@ -71,10 +82,16 @@ def submit(
                 history=history,
             )
         except ApiError as exc:
-            console.print(f"[red]refused ({exc.status} {exc.code}):[/] {exc.detail}")
-            sys.exit(2)
+            console.print(f"[red]refused ({exc.status} {exc.code}):[/] {exc.detail}", highlight=False, soft_wrap=True)
+            for problem in exc.errors or []:
+                console.print(f"  {problem.get('field')}: {problem.get('detail')}", highlight=False, markup=False)
+            sys.exit(EXIT_REFUSED if exc.status < 500 else 1)
         console.print(f"batch [bold]{batch.id}[/]: {len(batch.job_ids)} jobs")
         if not wait:
+            if as_json:
+                print_json(batch)
+            else:
+                click.echo(batch.id)
             return
         sink = open(out, "w") if out else None  # noqa: SIM115
         try:
@@ -82,7 +99,31 @@ def submit(
         finally:
             if sink:
                 sink.close()
-        console.print(summary_table(summarize(results), title=f"batch {batch.id}"))
+        summaries = summarize(results)
+        if as_json:
+            print_json({"batch": batch.model_dump(mode="json"), "summary": _summary_json(summaries)})
+        else:
+            stdout.print(summary_table(summaries, title=f"batch {batch.id}"))
+
+
+def _summary_json(summaries: dict[str, Any]) -> dict[str, Any]:
+    """The closing table as JSON: per task type, its jobs, outcomes and means."""
+    import statistics
+
+    def mean(values: list[Any]) -> float | None:
+        return statistics.fmean(values) if values else None
+
+    return {
+        name: {
+            "jobs": s.jobs,
+            "outcomes": dict(s.outcomes),
+            "mean_reward": mean(s.rewards),
+            "mean_turns": mean(s.turns),
+            "mean_tokens": mean(s.tokens),
+        }
+        | {f"mean_{key}": mean(values) for key, values in s.stage_s.items()}
+        for name, s in sorted(summaries.items())
+    }
 
 
 @main.command()
@@ -95,14 +136,22 @@ def submit(
 @click.option("--json", "as_json", is_flag=True, help="print the answer as JSON instead")
 @click.option("--url", default=None)
 def status(batch_id: int | None, watch: bool | None, as_json: bool, url: str | None) -> None:
-    """The farm at a glance (pools, queues, backends, running batches), or one batch's status."""
-    client_url = url or load_settings().api_url
-    with api_client(load_settings(), url) as client:
+    """The farm at a glance (pools, queues, backends, running batches), or one batch's status, on
+    stdout (--json: the API's answer)."""
+    settings = load_settings()
+    client_url = url or settings.api_url
+    with api_client(settings, url) as client:
         if batch_id is not None:
-            console.print_json(client.status(batch_id).model_dump_json())
+            batch = client.status(batch_id)
+            if as_json:
+                print_json(batch)
+            else:
+                from farm.status_view import batch_view
+
+                stdout.print(batch_view(batch))
             return
         if as_json:
-            console.print_json(client.overview().model_dump_json())
+            print_json(client.overview())
             return
         from rich.live import Live
 
@@ -117,10 +166,10 @@ def status(batch_id: int | None, watch: bool | None, as_json: bool, url: str | N
                 health = Health(status="unavailable", checks={"readyz": exc.detail}, version="?")
             return overview_view(health, client.overview(), url=client_url)
 
-        if not (watch if watch is not None else console.is_terminal):
-            console.print(view())
+        if not (watch if watch is not None else stdout.is_terminal):
+            stdout.print(view())
             return
-        with Live(view(), console=console, refresh_per_second=1, transient=False) as live:
+        with Live(view(), console=stdout, refresh_per_second=1, transient=False) as live:
             try:
                 while True:
                     time.sleep(2.0)
@@ -141,7 +190,7 @@ def status(batch_id: int | None, watch: bool | None, as_json: bool, url: str | N
 @click.option("--url", default=None)
 def report(batch_id: int, out: Path | None, png: bool, url: str | None) -> None:
     """Write a self-contained HTML page (and a PNG) of a batch: a per-job INIT/RUN/EVAL timeline,
-    throughput, outcomes and rewards per task type."""
+    throughput, outcomes and rewards per task type. Prints the paths written on stdout, one a line."""
     from farm.report import fetch_results, render
 
     html_path = out or Path(f"batch-{batch_id}.html")
@@ -151,16 +200,26 @@ def report(batch_id: int, out: Path | None, png: bool, url: str | None) -> None:
         with console.status(f"reading batch {batch_id}'s results..."):
             results = fetch_results(client, batch_id)
     render(status, results, html_path=html_path, png_path=png_path)
-    console.print(f"wrote {html_path}" + (f" and {png_path}" if png_path else "") + f" ({len(results)} finished jobs)")
+    console.print(f"wrote {len(results)} finished jobs' report:", highlight=False)
+    for path in (html_path, png_path):
+        if path is not None:
+            click.echo(path)
 
 
 @main.command()
 @click.argument("batch_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="print the batch's status as JSON instead")
 @click.option("--url", default=None)
-def cancel(batch_id: int, url: str | None) -> None:
-    """Cancel a batch."""
+def cancel(batch_id: int, as_json: bool, url: str | None) -> None:
+    """Cancel a batch; prints its status after the cancel on stdout."""
     with api_client(load_settings(), url) as client:
-        console.print_json(client.cancel(batch_id).model_dump_json())
+        batch = client.cancel(batch_id)
+    if as_json:
+        print_json(batch)
+    else:
+        from farm.status_view import batch_view
+
+        stdout.print(batch_view(batch))
 
 
 @main.command()

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from farm.cli.base import console, load_settings, main
+from farm.cli.base import EXIT_FAILED, EXIT_REFUSED, console, load_settings, main, out
 
 
 @main.command()
@@ -33,7 +33,7 @@ def replay(job_id: int, as_json: bool) -> None:
             report = replay_job(settings, engine, job_id)
     except FarmError as exc:  # not replayable here (no record, unknown job or task type, no sandbox)
         console.print(f"[red]cannot replay:[/] {escape(str(exc))}", highlight=False)
-        sys.exit(2)
+        sys.exit(EXIT_REFUSED)
     finally:
         engine.dispose()
     if as_json:
@@ -43,20 +43,20 @@ def replay(job_id: int, as_json: bool) -> None:
             where = step.first_difference
             line = f"line {where.line}" if where else "a part of the output not recorded"
             head = f"[red]step {step.index}[/] (turn {step.turn}, {step.tool})"
-            console.print(f"{head} differs at {line}", highlight=False)
-            console.print(f"  call:     {json.dumps(step.arguments)[:300]}", highlight=False, markup=False)
+            out.print(f"{head} differs at {line}", highlight=False)
+            out.print(f"  call:     {json.dumps(step.arguments)[:300]}", highlight=False, markup=False)
             if where is not None:
-                console.print(f"  recorded: {where.recorded!r}", highlight=False, markup=False)
-                console.print(f"  replayed: {where.replayed!r}", highlight=False, markup=False)
+                out.print(f"  recorded: {where.recorded!r}", highlight=False, markup=False)
+                out.print(f"  replayed: {where.replayed!r}", highlight=False, markup=False)
         verdict = "[green]reproduced[/]" if report.reproduced else "[red]not reproduced[/]"
-        console.print(
+        out.print(
             f"job {job_id} ({report.type}): {verdict}: {len(report.steps)} steps replayed, "
             f"{len(report.differing)} differ; reward {report.recorded_reward} recorded, "
             f"{report.replayed_reward} replayed",
             highlight=False,
         )
     if not report.reproduced:
-        sys.exit(1)
+        sys.exit(EXIT_FAILED)
 
 
 @main.command()
@@ -71,7 +71,7 @@ def reverify(batch_id: int, force: bool, record: bool, as_json: bool) -> None:
     the agent, and list those whose reward changed. Runs here, on the database and sandbox runtime of
     FARM_* (as a worker would): code and swe graders start sandboxes."""
     from farm.db.session import make_engine
-    from farm.errors import FarmError, ReverifyRefused
+    from farm.errors import ReverifyRefused
     from farm.worker.reverify import reverify_batch
 
     settings = load_settings()
@@ -81,10 +81,8 @@ def reverify(batch_id: int, force: bool, record: bool, as_json: bool) -> None:
             report = reverify_batch(settings, engine, batch_id, force=force, record=record)
     except ReverifyRefused as exc:
         console.print(f"[red]refused:[/] {exc}", highlight=False)
-        sys.exit(2)
-    except FarmError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
+        sys.exit(EXIT_REFUSED)
+    finally:  # a batch that does not exist (exit 2) or any other farm error (1): answered by the group
         engine.dispose()
     if as_json:
         rows = [vars(r) | {"changed": r.changed} for r in report.rescores]
@@ -102,11 +100,11 @@ def _print_reverify(report: Any) -> None:
     for r in report.changed:
         table.add_row(str(r.job_id), r.type, str(r.old_reward), str(r.new_reward))
     if report.changed:
-        console.print(table)
+        out.print(table)
     for r in report.errors:
-        console.print(f"[yellow]job {r.job_id} ({r.type}) not scored:[/] {r.error.splitlines()[0]}", highlight=False)
+        out.print(f"[yellow]job {r.job_id} ({r.type}) not scored:[/] {r.error.splitlines()[0]}", highlight=False)
     if report.forced:
-        console.print(f"[yellow]forced:[/] {report.forced}", highlight=False)
+        out.print(f"[yellow]forced:[/] {report.forced}", highlight=False)
     scored = len(report.rescores) - len(report.errors)
     note = " (new scores recorded in stage_data['reverify'])" if report.recorded else ""
-    console.print(f"{scored} rollouts scored again, {len(report.changed)} changed, {len(report.errors)} failed{note}")
+    out.print(f"{scored} rollouts scored again, {len(report.changed)} changed, {len(report.errors)} failed{note}")

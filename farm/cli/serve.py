@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from farm.cli.base import console, load_settings, main
+from farm.cli.base import console, load_settings, main, out
 from farm.cli.memory import keep_freed_memory
 from farm.cli.process import bind_proxy_sockets, serve_proxy
 from farm.constants import Stage
@@ -91,7 +91,7 @@ def reap() -> None:
     from farm.sandbox import reap_sandboxes
 
     reaped = reap_sandboxes(load_settings())
-    console.print(f"reaped {len(reaped)} sandbox(es)" + (f": {', '.join(reaped)}" if reaped else ""))
+    out.print(f"reaped {len(reaped)} sandbox(es)" + (f": {', '.join(reaped)}" if reaped else ""))
 
 
 @main.command()

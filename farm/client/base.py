@@ -84,13 +84,21 @@ def check(response: httpx.Response) -> httpx.Response:
     """
     if response.is_success:
         return response
-    field = None
+    field, errors = None, None
     try:
         body = response.json()
         code, detail, field = body.get("code", "http_error"), body.get("detail", response.text), body.get("field")
+        # Every problem of a refused request (a 422 lists them all), each a {field, detail}.
+        listed = body.get("errors")
+        if isinstance(listed, list):
+            errors = [
+                {"field": str(item.get("field") or ""), "detail": str(item.get("detail", ""))}
+                for item in listed
+                if isinstance(item, dict)
+            ]
     except (ValueError, AttributeError):
         code, detail = "http_error", response.text or response.reason_phrase
-    raise api_error(response.status_code, code, str(detail), field)
+    raise api_error(response.status_code, code, str(detail), field, errors)
 
 
 def _model(model: type[M], response: httpx.Response) -> M:

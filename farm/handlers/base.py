@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from typing_extensions import TypeVar
 
 from farm.constants import Stage
-from farm.errors import FarmError, InvalidSpec
+from farm.errors import FarmError, InvalidSpec, Problem
 from farm.schemas import EvalResult, RunResult, SamplingParams, TrajectoryData, TrialRecordData
 from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
 
@@ -233,15 +233,40 @@ class StageContext:
         return self.deadline - time.monotonic()
 
 
+def field_path(loc: Sequence[int | str], prefix: str = "") -> str:
+    """A pydantic error location as the dotted path a user reads (``config.tools.0.name``): the
+    names pydantic gives a union's members or a validator (``function-after[...]``, ``list[int]``)
+    are left out; an empty location is ``prefix`` itself (a model validator's error, about the whole)."""
+    parts = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or "(" in p))]
+    return ".".join([prefix, *parts] if prefix else parts)
+
+
+def error_message(error: Any) -> str:
+    """pydantic's message for one error, without the ``Value error, `` it puts before a validator's own."""
+    return str(error.get("msg", "invalid")).removeprefix("Value error, ")
+
+
+def problems_of(exc: ValidationError, prefix: str = "") -> list[Problem]:
+    """Every error of ``exc`` as ``{field, detail}``, fields under ``prefix``."""
+    seen: list[Problem] = []
+    for error in exc.errors():
+        problem = {"field": field_path(error["loc"], prefix), "detail": error_message(error)}
+        if problem not in seen:  # a union's members each report the same input
+            seen.append(problem)
+    return seen
+
+
 def validate_config(config_class: type[ConfigT], config: dict[str, Any]) -> ConfigT:
-    """Validate a task config, raising InvalidSpec that names the first bad field."""
+    """Validate a task config, raising InvalidSpec that names the first bad field and lists every
+    problem (``errors``), fields under ``config``."""
     try:
         # As JSON, strictly: a config arrives as JSON, where `false` is no integer and `1` no boolean.
         return config_class.model_validate_json(json.dumps(config), strict=True)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(config)"
-        raise InvalidSpec(f"config.{where}: {first['msg']}", field=f"config.{where}") from exc
+        problems = problems_of(exc, "config")
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InvalidSpec(f"{first['field']}: {first['detail']}{more}", field=first["field"], errors=problems) from exc
 
 
 class TaskHandler(Generic[ConfigT, StateT]):

@@ -50,7 +50,7 @@ from farm.schemas.jobs import (
     TrajectoryOut,
     TrajectorySegmentOut,
 )
-from farm.schemas.overview import DatabaseOut, ErrorOut, Health, Overview, QueueOut, WorkerOut
+from farm.schemas.overview import DatabaseOut, ErrorOut, FieldProblem, Health, Overview, QueueOut, WorkerOut
 from farm.schemas.stages import EvalResult, RunResult, SegmentData, TrajectoryData
 from farm.schemas.tasks import HandlerInfo, ShippedTask, TaskSet
 from farm.schemas.trials import (
@@ -89,6 +89,7 @@ __all__ = [
     "DynamicSampling",
     "DynamicStatus",
     "ErrorOut",
+    "FieldProblem",
     "EvalResult",
     "GroupResult",
     "GroupsPage",

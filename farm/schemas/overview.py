@@ -11,12 +11,21 @@ from farm.schemas.backends import BackendOut
 from farm.schemas.batches import BatchStatus
 
 
+class FieldProblem(BaseModel):
+    """One thing wrong with a request: where, and what."""
+
+    field: str = Field(description="a dotted path into the request body, e.g. tasks.0.config.problem_id")
+    detail: str
+
+
 class ErrorOut(BaseModel):
-    """Every error answer has this shape."""
+    """Every error answer has this shape: ``field`` and ``detail`` say the first problem, ``errors``
+    (on a 422) every problem found, so a request is fixed in one round."""
 
     code: str
     detail: str
     field: str | None = None
+    errors: list[FieldProblem] | None = Field(default=None, description="every problem found (422 answers)")
 
 
 class Health(BaseModel):

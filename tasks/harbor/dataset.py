@@ -42,7 +42,9 @@ class HarborConfig(EpisodeBudget):
     @classmethod
     def _shipped(cls, value: str | None) -> str | None:
         if value is not None and value not in list_examples():
-            raise ValueError(f"unknown example {value!r}; shipped: {', '.join(list_examples())}")
+            raise ValueError(
+                f"unknown example {value!r}; shipped (GET /v1/tasks?type=harbor): {', '.join(list_examples())}"
+            )
         return value
 
     @field_validator("path")

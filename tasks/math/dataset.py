@@ -45,7 +45,7 @@ class MathConfig(EpisodeBudget):
     def _shipped(cls, value: str | None) -> str | None:
         # A field validator, so the 422 names problem_id (a model validator's error has no field).
         if value is not None and value not in problems_by_id():
-            raise ValueError(f"unknown problem_id {value!r} (see tasks.math.dataset.list_problems)")
+            raise ValueError(f"unknown problem_id {value!r}; GET /v1/tasks?type=math lists the shipped ones")
         return value
 
     @model_validator(mode="after")

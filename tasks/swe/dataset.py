@@ -81,7 +81,7 @@ class SweConfig(EpisodeBudget):
     def _known(cls, value: str) -> str:
         if value not in instances_by_id():
             known = ", ".join(sorted(instances_by_id()))
-            raise ValueError(f"unknown instance_id {value!r}; shipped instances: {known}")
+            raise ValueError(f"unknown instance_id {value!r}; shipped instances (GET /v1/tasks?type=swe): {known}")
         return value
 
     def resolve(self) -> SweInstance:

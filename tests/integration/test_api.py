@@ -100,6 +100,36 @@ def test_bad_task_config_names_the_field(api: TestClient):
     )
 
 
+def test_one_answer_lists_every_problem_of_a_batch(api: TestClient):
+    # A schema error (sampling) and a handler's (the math config) in one request: both in one answer.
+    body = {"tasks": [{"type": "math", "config": {"problem_id": "nope"}}], "sampling": {"temperature": "hot"}}
+    response = api.post("/v1/batches", json=body, headers=AUTH)
+    assert_error(response, 422, "invalid_request", field="sampling.temperature", says="(and 1 more)")
+    problems = {p["field"]: p["detail"] for p in response.json()["errors"]}
+    assert set(problems) == {"sampling.temperature", "tasks.0.config.problem_id"}, problems
+    # The hint names the API route that lists the shipped problems, not a module of the source.
+    assert "GET /v1/tasks?type=math" in problems["tasks.0.config.problem_id"]
+    assert api.get("/v1/tasks?type=math", headers=AUTH).status_code == 200
+
+
+def test_every_problem_of_every_task_is_listed_with_a_readable_field(api: TestClient):
+    body = {
+        "tasks": [
+            {"type": "math", "config": {"problem_id": "nope", "max_turns": 0}},
+            {"type": "math", "config": {}},  # neither problem_id nor problem: a model validator's error
+            {"type": "nope"},
+        ]
+    }
+    response = api.post("/v1/batches", json=body, headers=AUTH)
+    assert_error(response, 422, "invalid_spec", field="tasks.0.config.problem_id", says="(and 3 more)")
+    fields = [p["field"] for p in response.json()["errors"]]
+    assert fields == ["tasks.0.config.problem_id", "tasks.0.config.max_turns", "tasks.1.config", "tasks.2.type"]
+    # One problem alone is a list of one, and the first problem's class still picks the code.
+    alone = api.post("/v1/batches", json={"tasks": [{"type": "nope"}]}, headers=AUTH)
+    assert_error(alone, 422, "unknown_task_type", field="tasks.0.type")
+    assert [p["field"] for p in alone.json()["errors"]] == ["tasks.0.type"]
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [

@@ -34,54 +34,85 @@ def test_submit_follows_the_batch_and_writes_results(stack: EmbeddedStack, tmp_p
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 6 and all(r["job"]["state"] == "done" for r in rows)
     assert all(isinstance(r["trajectory"]["token_ids"], list) for r in rows)  # JSON arrays in the file
-    assert "echo" in result.stderr and "ok 6" in result.stderr  # the closing table
+    assert "echo" in result.stdout and "ok 6" in result.stdout  # the closing table is the result
+    assert "ok 6" not in result.stderr  # ... and the progress is not
+
+
+def test_submit_json_is_the_batch_and_its_summary(stack: EmbeddedStack, tmp_path: Path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"type": "echo", "config": {"text": "j"}}) + "\n")
+    result = farm_cli(stack, "submit", str(tasks), "--group-size", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert len(answer["batch"]["job_ids"]) == 2
+    assert answer["summary"]["echo"]["jobs"] == 2 and answer["summary"]["echo"]["outcomes"] == {"ok": 2}
 
 
 def test_submit_reports_a_refused_spec(stack: EmbeddedStack, tmp_path: Path):
     tasks = tmp_path / "bad.jsonl"
     tasks.write_text(json.dumps({"type": "nope", "config": {}}) + "\n")
     result = farm_cli(stack, "submit", str(tasks))
-    assert result.returncode == 2
+    assert result.returncode == 2 and result.stdout == ""
     assert "unknown task type 'nope'" in result.stderr
+
+
+def test_submit_lists_every_problem_of_the_batch(stack: EmbeddedStack, tmp_path: Path):
+    tasks = tmp_path / "bad.jsonl"
+    bad = [{"type": "math", "config": {"problem_id": "nope"}}, {"type": "echo", "config": {"text": ""}}]
+    tasks.write_text("\n".join(json.dumps(t) for t in bad) + "\n")
+    result = farm_cli(stack, "submit", str(tasks))
+    assert result.returncode == 2 and result.stdout == ""
+    assert "tasks.0.config.problem_id: unknown problem_id 'nope'; GET /v1/tasks?type=math" in result.stderr
+    # The client reads the answer's every problem (farm/client/base.py `check`): each a line of its own.
+    assert "(and 1 more)" in result.stderr
+    assert "\n  tasks.1.config.text: " in result.stderr, result.stderr
 
 
 def test_submit_rejects_a_file_that_is_not_jsonl(stack: EmbeddedStack, tmp_path: Path):
     tasks = tmp_path / "bad.jsonl"
     tasks.write_text("{not json\n")
     result = farm_cli(stack, "submit", str(tasks))
-    assert result.returncode == 2 and "bad.jsonl:1: not JSON" in result.stderr
+    assert result.returncode == 2 and "bad.jsonl:1: not JSON" in result.stderr and result.stdout == ""
 
 
 def test_status_and_cancel(stack: EmbeddedStack, tmp_path: Path):
     tasks = tmp_path / "slow.jsonl"
     tasks.write_text(json.dumps({"type": "echo", "config": {"text": "s", "sleep_s": {"run": 60}}}) + "\n")
     submitted = farm_cli(stack, "submit", str(tasks), "--no-wait")
-    batch_id = submitted.stderr.split("batch ")[1].split(":")[0].strip()
+    # BATCH=$(farm submit --no-wait f.jsonl): the id alone on stdout, the message on stderr.
+    assert submitted.returncode == 0 and re.fullmatch(r"\d+\n", submitted.stdout), submitted
+    batch_id = submitted.stdout.strip()
+    assert f"batch {batch_id}: 1 jobs" in submitted.stderr
     # The farm at a glance while the batch runs: its pools, their queues, the batch's progress.
     node = stack.settings.worker.node
-    glance = farm_cli(stack, "status")
-    assert glance.returncode == 0, glance.stderr
-    assert "farm ok" in glance.stderr and "pools" in glance.stderr and "running batches" in glance.stderr
-    assert f"run.{node}" in glance.stderr and f"eval.{node}" in glance.stderr
-    assert re.search(rf"^\W*{batch_id}\W.*0/1", glance.stderr, re.M), glance.stderr
-    overview = json.loads(farm_cli(stack, "status", "--json").stderr)
+    glance = farm_cli(stack, "status", "--once")
+    assert glance.returncode == 0 and glance.stderr == "", glance.stderr
+    assert "farm ok" in glance.stdout and "pools" in glance.stdout and "running batches" in glance.stdout
+    assert f"run.{node}" in glance.stdout and f"eval.{node}" in glance.stdout
+    assert re.search(rf"^\W*{batch_id}\W.*0/1", glance.stdout, re.M), glance.stdout
+    overview = json.loads(farm_cli(stack, "status", "--json").stdout)
     assert {w["name"] for w in overview["workers"]} >= {f"init@{node}", f"run@{node}", f"eval@{node}"}
     assert int(batch_id) in [b["id"] for b in overview["batches"]]
     # The connection budget: each worker's pools (farm.db.budget) and this API's, against the server's limit.
     assert all(w["db_connections"] == 3 for w in overview["workers"]), overview["workers"]
     database = overview["database"]
     assert database["budget"] == 22 + 3 * len(overview["workers"]) and database["max_connections"] > 0
-    assert f"database connections: budget {database['budget']}" in " ".join(glance.stderr.split())
-    cancelled = farm_cli(stack, "cancel", batch_id)
-    assert cancelled.returncode == 0 and '"state": "cancelled"' in cancelled.stderr
+    assert f"database connections: budget {database['budget']}" in " ".join(glance.stdout.split())
+    # One batch: a summary a reader reads, and the API's answer with --json.
+    summary = farm_cli(stack, "status", batch_id)
+    assert summary.returncode == 0 and re.search(r"state\s+running", summary.stdout), summary.stdout
+    assert re.search(r"jobs\s+0/1 finished", summary.stdout), summary.stdout
+    assert json.loads(farm_cli(stack, "status", batch_id, "--json").stdout)["id"] == int(batch_id)
+    cancelled = farm_cli(stack, "cancel", batch_id, "--json")
+    assert cancelled.returncode == 0 and json.loads(cancelled.stdout)["state"] == "cancelled"
     status = farm_cli(stack, "status", batch_id)
-    assert '"cancelled": 1' in status.stderr
+    assert re.search(r"state\s+cancelled", status.stdout) and "cancelled 1" in status.stdout, status.stdout
 
 
 @pytest.mark.parametrize("args", [("status", "999999"), ("cancel", "999999")])
 def test_an_api_error_is_one_clean_line(stack: EmbeddedStack, args: tuple[str, ...]):
     result = farm_cli(stack, *args)
-    assert result.returncode == 2
+    assert result.returncode == 2 and result.stdout == ""
     assert "Traceback" not in result.stderr and result.stderr.count("\n") <= 2, result.stderr
     assert "404 not_found" in result.stderr and "999999" in result.stderr
 
@@ -106,14 +137,15 @@ def test_report_draws_the_batch_as_it_ran(stack: EmbeddedStack, tmp_path: Path):
     tasks.write_text(
         "\n".join(json.dumps({"type": "echo", "config": {"text": f"r{i}", "sleep_s": sleeps}}) for i in range(4)) + "\n"
     )
-    submitted = farm_cli(stack, "submit", str(tasks), "--group-size", "2")
+    submitted = farm_cli(stack, "submit", str(tasks), "--group-size", "2", "--json")
     assert submitted.returncode == 0, submitted.stderr
-    batch_id = submitted.stderr.split("batch ")[1].split(":")[0].strip()
+    batch_id = str(json.loads(submitted.stdout)["batch"]["id"])
     page = tmp_path / "report.html"
 
     result = farm_cli(stack, "report", batch_id, "--out", str(page))
 
     assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [str(page), str(page.with_suffix(".png"))]  # what it wrote, for a script
     assert page.with_suffix(".png").stat().st_size > 20_000
     text = page.read_text()
     assert "<script" not in text and 'src="http' not in text  # self-contained: nothing to fetch

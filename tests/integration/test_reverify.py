@@ -169,4 +169,4 @@ def test_reverify_refuses_an_unsafe_grader_unless_forced(
 
 def test_reverify_of_a_batch_that_does_not_exist_says_so(reverify_stack: EmbeddedStack) -> None:
     missing = reverify(reverify_stack, "987654321")
-    assert missing.exit_code == 1 and "no batch with id 987654321" in missing.output
+    assert missing.exit_code == 2 and "no batch with id 987654321" in missing.output  # not found: 2, as everywhere

@@ -111,6 +111,32 @@ def test_submit_names_the_task_whose_type_is_unknown(sessions, settings: Setting
     assert caught.value.field == "tasks.1.type"
 
 
+def test_submit_lists_every_problem_in_one_error(sessions, settings: Settings):
+    settings.api.max_tasks_per_batch = 2
+    request = BatchCreate.model_validate(
+        {
+            "tasks": [
+                {"type": "echo", "config": {"text": ""}},
+                {"type": "no-such-handler"},
+                {"type": "echo", "config": {"text": "x", "colour": 1, "sleep_s": "long"}},
+            ],
+            "dynamic": {"target_groups": 9, "filter": "std"},
+        }
+    )
+    with pytest.raises(InvalidSpec) as caught:
+        submit_batch(sessions, settings, request, key=None, send=_Sender(sessions))
+    assert caught.value.field == "tasks" and "(and 6 more)" in caught.value.message
+    assert [p["field"] for p in caught.value.errors or []] == [
+        "tasks",
+        "tasks.0.config.text",
+        "tasks.1.type",
+        "tasks.2.config.sleep_s",
+        "tasks.2.config.colour",
+        "dynamic.target_groups",
+        "group_size",
+    ]
+
+
 def _job_rows(sessions: sessionmaker[Session], batch_id: int) -> list[tuple[object, ...]]:
     with sessions() as s:
         jobs = s.scalars(select(Job).where(Job.batch_id == batch_id).order_by(Job.group_index, Job.sample_index))

@@ -163,7 +163,7 @@ def test_code_config_inline_problem():
     ("config", "field"),
     [
         ({"problem_id": "nope"}, "config.problem_id"),
-        ({}, "config.(config)"),
+        ({}, "config"),
         ({"problem_id": "fizzbuzz", "reward": "most"}, "config.reward"),
         ({"problem_id": "fizzbuzz", "timeout_s": 0}, "config.timeout_s"),
         ({"problem": {**ADD.model_dump(), "tests": []}}, "config.problem.tests"),

@@ -146,7 +146,7 @@ def test_harbor_config_example_and_path(tmp_path):
     ("config", "message", "field"),
     [
         ({"example": "nope"}, "unknown example", "config.example"),
-        ({}, "exactly one of example or path", "config.(config)"),
+        ({}, "exactly one of example or path", "config"),
         ({"path": "relative/dir"}, "path must be absolute", "config.path"),
         ({"path": "/nonexistent/task"}, "is not a directory", "config.path"),
         ({"example": "hello-file", "max_turns": 0}, "max_turns", "config.max_turns"),

@@ -154,7 +154,7 @@ def test_math_config_inline_problem():
     ("config", "field"),
     [
         ({"problem_id": "nope"}, "config.problem_id"),
-        ({"problem": "1+1"}, "config.(config)"),
+        ({"problem": "1+1"}, "config"),
         ({"problem": "1+1", "answer": ""}, "config.answer"),
         ({"problem_id": "arithmetic-000", "extra": 1}, "config.extra"),
         ({"problem_id": "arithmetic-000", "max_turns": 0}, "config.max_turns"),
