@@ -53,6 +53,9 @@ KEY_CACHE_S = 30.0
 #: how often the count of recorded calls goes to Redis (a round trip per call cost as much CPU as
 #: the call's own statements).
 COUNT_EVERY_S = 1.0
+#: the prompt's last ids decoded to see whether the template closed the reasoning (a closed empty
+#: think block is at most a few ids in every family's template).
+PROMPT_TAIL_IDS = 8
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,8 @@ class ProxyCore:
             executor=self._pool,
         )
         prepared = await self._prepare(llm, renderer, trial, request, wire)
+        # The prompt's last ids say whether the template closed the reasoning before the answer.
+        prompt_tail = renderer.tokenizer.decode(prepared.prompt_ids[-PROMPT_TAIL_IDS:].tolist())
         generation = Generation(
             tokenizer=renderer.tokenizer,
             request=request,
@@ -210,6 +215,7 @@ class ProxyCore:
             parsers=self.parser_names,
             forced_ids=prepared.forced_ids,
             call_id_prefix=call_id_prefix,
+            prompt_tail=prompt_tail,
         )
         prompt_ids = prepared.prompt_ids.tolist()
         # The backend starts on the prompt while the call's pending row commits: nothing of the

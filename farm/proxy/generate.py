@@ -58,6 +58,7 @@ class Generation:
         parsers: ParserNames,
         forced_ids: list[int],
         call_id_prefix: str,
+        prompt_tail: str = "",
     ) -> None:
         self.request = request
         self.sampling = sampling
@@ -68,7 +69,7 @@ class Generation:
         self._decoder = TextDecoder(tokenizer, hidden_ids=stop_ids)
         self._stops = StopMatcher(request.sampling.stop)
         parse_calls = isinstance(request, ChatRequest) and bool(request.tools) and request.tool_choice != "none"
-        self._reasoning = reasoning_parser(parsers.reasoning)
+        self._reasoning = reasoning_parser(parsers.reasoning, prompt_tail=prompt_tail)
         tools = [tool.for_template()["function"] for tool in request.tools] if isinstance(request, ChatRequest) else []
         self._tools = tool_call_parser(parsers.tool_calls, parse_calls=parse_calls, tools=tools)
         self._one_call = parse_calls and isinstance(request, ChatRequest) and not request.parallel_tool_calls
