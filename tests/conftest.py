@@ -30,7 +30,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-fuzz", action="store_true", help="fuzz the API with schemathesis (minutes)")
     parser.addoption("--run-crash", action="store_true", help="run the crash tests (tests/crash: real faults, minutes)")
     parser.addoption(
-        "--run-matrix", action="store_true", help="run every cell of the proxy's family matrix (one per family runs anyway)"
+        "--run-matrix",
+        action="store_true",
+        help="run every cell of the proxy's family matrix (one per family runs anyway)",
     )
     parser.addoption("--run-verl", action="store_true", help="run the verl bridge against verl in its own venv")
     parser.addoption(
@@ -62,7 +64,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 pytest.mark.skip(reason="real harness test (installs it, minutes): opt in with --run-harness")
             )
         if item.get_closest_marker("matrix") and not config.getoption("--run-matrix"):
-            item.add_marker(pytest.mark.skip(reason="family matrix cell (one per family runs anyway): opt in with --run-matrix"))
+            item.add_marker(
+                pytest.mark.skip(reason="family matrix cell (one per family runs anyway): opt in with --run-matrix")
+            )
         if item.get_closest_marker("verl") and not config.getoption("--run-verl"):
             item.add_marker(pytest.mark.skip(reason="verl test: opt in with --run-verl (scripts/setup_verl.sh)"))
         if item.get_closest_marker("slurm") and not config.getoption("--run-slurm"):

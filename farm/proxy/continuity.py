@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.errors import NoCallOpening, TemplateFork
+from farm.llm.tokenizer import end_of_turn_ids
 from farm.llm.trajectory import ChatTokenizer
 from farm.proxy.conversation import Message, Tool, ToolCall
 from farm.proxy.toolparse.hermes import OPEN_TAG
@@ -134,6 +135,8 @@ class Renderer:
         eos = getattr(tokenizer, "eos_token_id", None)
         #: ids a template writes as markers (the end of a turn...), never as text.
         self.special_ids = frozenset(special | ({eos} if eos is not None else set()))
+        #: ids the model ends a turn with (``farm.llm.tokenizer.end_of_turn_ids``): never answer text.
+        self.end_ids = end_of_turn_ids(tokenizer)
 
     def render(self, messages: Sequence[Message], tools: Sequence[Tool], *, generation_prompt: bool) -> str:
         text = self.tokenizer.apply_chat_template(

@@ -103,9 +103,6 @@ class ThinkTags:
 class DeepSeekR1ReasoningParser(ThinkTags):
     """DeepSeek-R1's ``<think>`` reasoning (vLLM's ``deepseek_r1``)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-
 
 class Qwen3ReasoningParser(ThinkTags):
     """Qwen3's ``<think>`` reasoning (vLLM's ``qwen3``)."""

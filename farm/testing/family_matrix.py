@@ -68,6 +68,8 @@ class Read:
     reasoning: str
     content: str
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    #: the usage's reasoning tokens where the format reports them (None: not reported).
+    reasoning_tokens: int | None = None
 
 
 def _template_messages(family: str, thinks: bool, calls: bool) -> tuple[list[list[Any]], list[Turn]]:
@@ -164,7 +166,8 @@ def _chat(plan: Plan, trial: dict[str, Any], streamed: bool) -> list[Read]:
             msg = answer.choices[0].message
             calls = [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls or []]
             reasoning = str((msg.model_extra or {}).get("reasoning_content") or "")
-            read = Read(reasoning, msg.content or "", calls)
+            details = answer.usage.completion_tokens_details if answer.usage else None
+            read = Read(reasoning, msg.content or "", calls, details.reasoning_tokens if details else None)
             message = msg.model_dump(exclude_none=True)
         reads.append(read)
         messages.append(message)
@@ -215,7 +218,9 @@ def _responses(plan: Plan, trial: dict[str, Any], streamed: bool) -> list[Read]:
     for i in range(3):
         if streamed:
             final: Any = None
-            for event in client.responses.create(model="m", input=items, max_output_tokens=MAX_TOKENS, stream=True, **extra):
+            for event in client.responses.create(
+                model="m", input=items, max_output_tokens=MAX_TOKENS, stream=True, **extra
+            ):
                 if event.type == "response.completed":
                     final = event.response
             assert final is not None, "the stream ended without response.completed"
@@ -223,7 +228,8 @@ def _responses(plan: Plan, trial: dict[str, Any], streamed: bool) -> list[Read]:
             final = client.responses.create(model="m", input=items, max_output_tokens=MAX_TOKENS, **extra)
         reasoning = "".join(c.text for o in final.output if o.type == "reasoning" for c in o.content or [])
         calls = [(o.name, json.loads(o.arguments)) for o in final.output if o.type == "function_call"]
-        reads.append(Read(reasoning, final.output_text, calls))
+        tokens = final.usage.output_tokens_details.reasoning_tokens if final.usage else None
+        reads.append(Read(reasoning, final.output_text, calls, tokens))
         items += [o.model_dump(exclude_none=True) for o in final.output]
         for o in final.output:
             if o.type == "function_call":
@@ -264,10 +270,28 @@ def _anthropic(plan: Plan, trial: dict[str, Any], streamed: bool) -> list[Read]:
     return reads
 
 
-def read_problems(plan: Plan, reads: Sequence[Read]) -> list[str]:
-    """Where what the SDK read differs from the plan (reasoning, answer, tool calls); empty: none."""
+def reasoning_token_counts(plan: Plan, tokenizer: Any) -> list[int]:
+    """Each reply's scripted ids between its think tags (from the start when the prompt opened the block)."""
+    counts = []
+    for turn in plan.turns:
+        ids = tokenizer.encode(turn.text, add_special_tokens=False)
+        start_id, end_id = tokenizer.convert_tokens_to_ids("<think>"), tokenizer.convert_tokens_to_ids("</think>")
+        if turn.reasoning is None or end_id not in ids:
+            counts.append(0)
+            continue
+        start = ids.index(start_id) + 1 if start_id in ids else 0
+        counts.append(ids.index(end_id) - start)
+    return counts
+
+
+def read_problems(plan: Plan, reads: Sequence[Read], tokenizer: Any) -> list[str]:
+    """Where what the SDK read differs from the plan (reasoning, answer, tool calls, the usage's
+    reasoning tokens where reported); empty: none."""
     problems = []
+    counts = reasoning_token_counts(plan, tokenizer)
     for i, (turn, read) in enumerate(zip(plan.turns, reads, strict=True)):
+        if read.reasoning_tokens is not None and read.reasoning_tokens != counts[i]:
+            problems.append(f"call {i}: reasoning_tokens {read.reasoning_tokens}, wanted {counts[i]}")
         if (read.reasoning.strip() or None) != turn.reasoning:
             problems.append(f"call {i}: reasoning {read.reasoning!r}, wanted {turn.reasoning!r}")
         if read.content.strip() != turn.content:
@@ -317,15 +341,17 @@ def check_record(
     return result
 
 
-def template_rewrites(plan: Plan, tokenizer: Any, end: str) -> int:
-    """How many later calls' prompts the template renders differently from the earlier prompt and
-    reply (each starts a segment under ``history: template``)."""
-    spec = FAMILIES[plan.family]
-    tools = CHAT_TOOLS if spec.tool_call_parser else None
-    befores, _ = _template_messages(plan.family, plan.thinks, plan.calls_tools)
-    rewrites = 0
-    for i in range(1, len(befores)):
-        previous = tokenizer.apply_chat_template(befores[i - 1], tools=tools, tokenize=False, add_generation_prompt=True)
-        current = tokenizer.apply_chat_template(befores[i], tools=tools, tokenize=False, add_generation_prompt=True)
-        rewrites += not current.startswith(previous + plan.turns[i - 1].text + end)
-    return rewrites
+def teacher_logprobs(model_dir: Any) -> Callable[[list[int]], list[float]]:
+    """Teacher-forced logprobs of a whole sequence with a plain transformers forward pass (float32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # type: ignore[no-untyped-call]
+
+    def logprobs(token_ids: list[int]) -> list[float]:
+        with torch.inference_mode():
+            logits = model(torch.tensor([token_ids])).logits[0].float()
+        picked = torch.log_softmax(logits, dim=-1)[torch.arange(len(token_ids) - 1), torch.tensor(token_ids[1:])]
+        return [0.0, *picked.tolist()]
+
+    return logprobs
