@@ -82,7 +82,7 @@ def run_family(family: str, formats: list[str], work: Path, redis_url: str) -> d
         settings = _settings(
             work / f"farm-{family}", redis_url=redis_url, database_url=database_url, model_dir=model_dir, script=script
         )
-        stack = EmbeddedStack(settings, with_flower=False, with_llm=True)
+        stack = EmbeddedStack(settings, with_flower=False, with_llm=True, stages=())
         stack.start()
         try:
             with httpx.Client(base_url=settings.api_url, headers={"Authorization": "Bearer bench"}, timeout=120) as api:

@@ -223,7 +223,9 @@ class ProxyCore:
         )
         prepared = await self._prepare(llm, renderer, trial, request, wire)
         # The prompt's last ids say whether the template closed the reasoning before the answer.
-        prompt_tail = renderer.tokenizer.decode(prepared.prompt_ids[-PROMPT_TAIL_IDS:].tolist())
+        prompt_tail = ""
+        if self.parser_names.reasoning != "none":
+            prompt_tail = renderer.tokenizer.decode(prepared.prompt_ids[-PROMPT_TAIL_IDS:].tolist())
         generation = Generation(
             tokenizer=renderer.tokenizer,
             request=request,

@@ -8,7 +8,8 @@ Rules are tried in order; the first whose regex ``re.search``-es the prompt (dec
 tokens kept) wins. The turn index is the number of assistant turns already in the prompt: the
 template's assistant openings (``<|im_start|>assistant`` in ChatML) minus the final, still open one
 (the generation prompt). Past the end of ``turns`` the last entry is reused. A prompt no rule matches
-is sampled as usual.
+is sampled as usual. A model whose template is not ChatML (Llama 3, Phi-3, DeepSeek-R1) has its
+opening and end of turn read from its chat template (``template_markers``).
 
 The engine forces ``tokenizer.encode(text, add_special_tokens=False)`` followed by the end-of-turn id
 and reports each forced token's logprob exactly as it would for a sampled one, so a scripted

@@ -71,6 +71,7 @@ def farm(
             model_dir=model_dir,
             node=f"matrix{family.replace('.', '').replace('-', '')}",
             rules=plan.script(),
+            stages=(),  # trials through the API's proxy only: no workers
         ) as stack,
         httpx.Client(base_url=stack.settings.api_url, headers=TOKEN, timeout=120) as api,
     ):

@@ -43,6 +43,7 @@ def stack(
         model_dir=family_model_dir("qwen3"),
         node="qwen3switch",
         rules=RULES,
+        stages=(),  # trials through the API's proxy only: no workers
     ) as stack:
         yield stack
 
@@ -140,7 +141,11 @@ def test_a_call_with_other_kwargs_is_another_prompt(api: httpx.Client, trial: di
     client = openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"])
     off: Any = {"chat_template_kwargs": {"enable_thinking": False}}
     first = client.chat.completions.create(model="m", messages=PROMPT, max_tokens=32, extra_body=off)
-    history: Any = [*PROMPT, first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
+    history: Any = [
+        *PROMPT,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "user", "content": "again"},
+    ]
     client.chat.completions.create(model="m", messages=history, max_tokens=32, extra_body=off)
     client.chat.completions.create(model="m", messages=history, max_tokens=32)
     certificate = api.get(f"/v1/trials/{trial['id']}/record").json()["certificate"]
