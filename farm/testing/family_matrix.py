@@ -36,6 +36,9 @@ CHAT_TOOLS: Any = [{"type": "function", "function": {"name": TOOL_NAME, "paramet
 RESPONSES_TOOLS: Any = [{"type": "function", "name": TOOL_NAME, "parameters": PARAMETERS}]
 ANTHROPIC_TOOLS: Any = [{"name": TOOL_NAME, "input_schema": PARAMETERS}]
 MAX_TOKENS = 96
+#: Anthropic wants max_tokens above a thinking budget (at least 1024); the scripted reply is short anyway.
+THINKING_MAX_TOKENS = 2048
+THINK_OPEN = "<think>\n"
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,20 @@ class Plan:
     thinks: bool
     calls_tools: bool
     turns: tuple[Turn, ...]
+    #: what the template needs to write the conversation (``enable_thinking`` for DeepSeek-R1): each
+    #: format asks for it with its own thinking switch (``farm.proxy.template_kwargs``).
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def switch(self, fmt: str) -> dict[str, Any]:
+        """The request fields that ask for ``template_kwargs`` in ``fmt``."""
+        if "enable_thinking" not in self.template_kwargs:
+            return {}
+        on = bool(self.template_kwargs["enable_thinking"])
+        if fmt == "chat":
+            return {"extra_body": {"chat_template_kwargs": self.template_kwargs}}
+        if fmt == "responses":
+            return {"reasoning": {"effort": "low" if on else "none"}}
+        return {"thinking": {"type": "enabled", "budget_tokens": 1024} if on else {"type": "disabled"}}
 
     def script(self) -> dict[str, Any]:
         return {"rules": [{"match": WORD, "turns": [t.text for t in self.turns]}]}
@@ -114,28 +131,40 @@ def plan_for(family: str, tokenizer: Any, stop_ids: frozenset[int]) -> Plan:
         raise ValueError(f"{family}: the chat template ends no assistant turn with a stop id")
     opening, end, _ = markers
     tools = CHAT_TOOLS if spec.tool_call_parser else None
-    probe = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "u"}], tools=tools, tokenize=False, add_generation_prompt=True
-    )
-    # A template that closes the think block in its generation prompt (llama.cpp's DeepSeek-R1 copy
-    # unless enable_thinking is set) has the model answer without reasoning.
-    thinks = spec.reasoning_parser is not None and not prompt_ends_reasoning(probe)
+
+    def render(messages: list[Any], kwargs: dict[str, Any], *, prompt: bool) -> str:
+        return str(
+            tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=prompt, **kwargs)
+        )
+
+    user: list[Any] = [{"role": "user", "content": "u"}]
+    # A template that closes the think block in its generation prompt (llama.cpp's DeepSeek-R1 copy)
+    # opens it when asked to (``enable_thinking``): the conversation asks, through each format's switch.
+    kwargs: dict[str, Any] = {}
+    if spec.reasoning_parser is not None and prompt_ends_reasoning(render(user, {}, prompt=True)):
+        kwargs = {"enable_thinking": True}
+    thinks = spec.reasoning_parser is not None and not prompt_ends_reasoning(render(user, kwargs, prompt=True))
     befores, wanted = _template_messages(family, thinks, spec.tool_call_parser is not None)
     turns = []
     for i, (before, turn) in enumerate(zip(befores, wanted, strict=True)):
-        prompt = tokenizer.apply_chat_template(before, tools=tools, tokenize=False, add_generation_prompt=True)
-        whole = tokenizer.apply_chat_template([*before, _assistant(turn, f"call_{i}")], tools=tools, tokenize=False)
+        prompt = render(before, kwargs, prompt=True)
+        whole = render([*before, _assistant(turn, f"call_{i}")], kwargs, prompt=False)
         if whole.startswith(prompt):
             body = whole[len(prompt) :]
-        else:  # the generation prompt is not how the template opens a written reply (a closed think block)
+        else:  # the generation prompt is not how the template opens a written reply (an opened think block)
             body = whole[whole.rindex(opening) + len(opening) :].lstrip("\n")
         if end not in body:
             raise ValueError(f"{family}: no end of turn {end!r} after reply {i} in {whole!r}")
         text = body[: body.index(end)]
         if turn.reasoning is not None and turn.reasoning not in text:
-            raise ValueError(f"{family}: the template does not write reply {i}'s reasoning: {text!r}")
+            if not prompt.endswith(THINK_OPEN):
+                raise ValueError(f"{family}: the template does not write reply {i}'s reasoning: {text!r}")
+            # DeepSeek-R1's template drops every reply's reasoning; the prompt opened the block, so
+            # the model writes its reasoning, closes the block and answers.
+            text = f"{turn.reasoning}\n</think>\n\n{text}"
         turns.append(Turn(turn.reasoning, turn.content, turn.calls_tool, text))
-    return Plan(family=family, thinks=thinks, calls_tools=spec.tool_call_parser is not None, turns=tuple(turns))
+    calls = spec.tool_call_parser is not None
+    return Plan(family=family, thinks=thinks, calls_tools=calls, turns=tuple(turns), template_kwargs=kwargs)
 
 
 def converse(fmt: str, streamed: bool, plan: Plan, trial: dict[str, Any]) -> list[Read]:
@@ -157,6 +186,7 @@ def _chat(plan: Plan, trial: dict[str, Any], streamed: bool) -> list[Read]:
     client = openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"])
     messages: Any = [{"role": "user", "content": f"{WORD}: list files"}]
     extra: Any = {"tools": CHAT_TOOLS} if plan.calls_tools else {}
+    extra |= plan.switch("chat")
     reads = []
     for i in range(3):
         if streamed:
@@ -214,6 +244,7 @@ def _responses(plan: Plan, trial: dict[str, Any], streamed: bool) -> list[Read]:
     client = openai.OpenAI(base_url=trial["openai_base_url"], api_key=trial["key"])
     items: Any = [{"role": "user", "content": f"{WORD}: list files"}]
     extra: Any = {"tools": RESPONSES_TOOLS} if plan.calls_tools else {}
+    extra |= plan.switch("responses")
     reads = []
     for i in range(3):
         if streamed:
@@ -245,16 +276,18 @@ def _anthropic(plan: Plan, trial: dict[str, Any], streamed: bool) -> list[Read]:
     client = anthropic.Anthropic(base_url=trial["anthropic_base_url"], api_key=trial["key"])
     messages: Any = [{"role": "user", "content": f"{WORD}: list files"}]
     extra: Any = {"tools": ANTHROPIC_TOOLS} if plan.calls_tools else {}
+    extra |= plan.switch("anthropic")
+    max_tokens = THINKING_MAX_TOKENS if "thinking" in extra else MAX_TOKENS
     reads = []
     for i in range(3):
         final: Any
         if streamed:
-            with client.messages.stream(model="m", max_tokens=MAX_TOKENS, messages=messages, **extra) as stream:
+            with client.messages.stream(model="m", max_tokens=max_tokens, messages=messages, **extra) as stream:
                 for _ in stream:
                     pass
                 final = stream.get_final_message()
         else:
-            final = client.messages.create(model="m", max_tokens=MAX_TOKENS, messages=messages, **extra)
+            final = client.messages.create(model="m", max_tokens=max_tokens, messages=messages, **extra)
         blocks = final.content
         reasoning = "".join(b.thinking for b in blocks if b.type == "thinking")
         content = "".join(b.text for b in blocks if b.type == "text")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -158,7 +159,7 @@ def test_template_markers_are_read_from_the_family_s_template(family_model_dir, 
     from farm.llm.builtin.script import template_markers
 
     model_dir = family_model_dir(family)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
     eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
     stop_ids = frozenset(eos if isinstance(eos, list) else [eos])
     assert template_markers(tokenizer, stop_ids) == (opening, end, tokenizer.convert_tokens_to_ids(end))
