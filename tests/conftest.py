@@ -30,6 +30,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-vllm", action="store_true", help="run tests against a real vLLM CPU server")
     parser.addoption("--run-fuzz", action="store_true", help="fuzz the API with schemathesis (minutes)")
     parser.addoption("--run-crash", action="store_true", help="run the crash tests (tests/crash: real faults, minutes)")
+    parser.addoption(
+        "--run-matrix",
+        action="store_true",
+        help="run every cell of the proxy's family matrix (two run anyway)",
+    )
     parser.addoption("--run-verl", action="store_true", help="run the verl bridge against verl in its own venv")
     parser.addoption(
         "--run-slurm",
@@ -58,6 +63,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("harness") and not config.getoption("--run-harness"):
             item.add_marker(
                 pytest.mark.skip(reason="real harness test (installs it, minutes): opt in with --run-harness")
+            )
+        if item.get_closest_marker("matrix") and not config.getoption("--run-matrix"):
+            item.add_marker(
+                pytest.mark.skip(reason="family matrix cell (two run anyway): opt in with --run-matrix")
             )
         if item.get_closest_marker("verl") and not config.getoption("--run-verl"):
             item.add_marker(pytest.mark.skip(reason="verl test: opt in with --run-verl (scripts/setup_verl.sh)"))

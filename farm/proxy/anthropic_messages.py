@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from farm.errors import ProxyError
+from farm.proxy import template_kwargs
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
 from farm.proxy.errors import CONTEXT_LENGTH, validated
 from farm.proxy.events import Event, Finished, ReasoningDelta, Sampled, Started, TextDelta, ToolCallEvent
@@ -63,6 +64,7 @@ class MessagesBody(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=1)
     stream: bool | None = False
+    thinking: Any = None
 
 
 class CountTokensBody(BaseModel):
@@ -186,6 +188,7 @@ def parse(raw: Any) -> WireRequest:
         ),
         stream=bool(body.stream),
         parallel_tool_calls=not one_call,
+        template_kwargs=template_kwargs.from_anthropic_thinking(body.thinking, max_tokens=body.max_tokens),
     )
     return WireRequest(request)
 

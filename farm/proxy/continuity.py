@@ -38,6 +38,7 @@ from typing import Any
 
 from farm.errors import NoCallOpening
 from farm.llm.rendering import ChatRenderer, ChatTokenizer, ExactDelta
+from farm.llm.tokenizer import end_of_turn_ids
 from farm.proxy.conversation import Message, Tool, ToolCall
 from farm.proxy.toolparse.hermes import OPEN_TAG
 
@@ -98,6 +99,8 @@ class Renderer:
         self.tokenizer = tokenizer
         self.template_kwargs = self.chat.template_kwargs
         self.special_ids = self.chat.special_ids
+        #: ids the model ends a turn with (``farm.llm.tokenizer.end_of_turn_ids``): never answer text.
+        self.end_ids = end_of_turn_ids(tokenizer)
 
     def render(self, messages: Sequence[Message], tools: Sequence[Tool], *, generation_prompt: bool) -> str:
         return self.chat.render(_messages(messages), _tools(tools), generation_prompt=generation_prompt)

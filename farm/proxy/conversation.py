@@ -114,6 +114,9 @@ class ChatRequest(BaseModel):
     #: False: the answer ends with its first tool call (OpenAI's ``parallel_tool_calls``, Anthropic's
     #: ``disable_parallel_tool_use``); the generation is stopped there.
     parallel_tool_calls: bool = True
+    #: the chat template's extra variables for this request (``farm.proxy.template_kwargs``: the
+    #: formats' thinking switches); part of the hash chain.
+    template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
 class CompletionRequest(BaseModel):
@@ -157,14 +160,17 @@ def _digest(previous: bytes, item: Any) -> bytes:
     return hashlib.blake2b(previous + _json_key(item).encode(), digest_size=HASH_BYTES).digest()
 
 
-def root_hash(tools: list[Tool]) -> bytes:
-    """The chain's start: the tools are part of the history (a template renders them into it)."""
-    return _digest(b"farm.proxy/1", [t.for_template() for t in tools])
+def root_hash(tools: list[Tool], template_kwargs: dict[str, Any] | None = None) -> bytes:
+    """The chain's start: the tools are part of the history (a template renders them into it), and so
+    are the template's kwargs (a conversation rendered with others is another prompt; none: the
+    hashes of before they existed)."""
+    root = _digest(b"farm.proxy/1", [t.for_template() for t in tools])
+    return _digest(root, {"template_kwargs": template_kwargs}) if template_kwargs else root
 
 
-def chain(tools: list[Tool], messages: list[Message]) -> list[bytes]:
-    """``out[i]`` is the hash of the tools and ``messages[: i + 1]``."""
-    hashes, previous = [], root_hash(tools)
+def chain(tools: list[Tool], messages: list[Message], template_kwargs: dict[str, Any] | None = None) -> list[bytes]:
+    """``out[i]`` is the hash of the tools, the template kwargs and ``messages[: i + 1]``."""
+    hashes, previous = [], root_hash(tools, template_kwargs)
     for message in messages:
         previous = _digest(previous, message.canonical())
         hashes.append(previous)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -53,6 +54,11 @@ KEY_CACHE_S = 30.0
 #: how often the count of recorded calls goes to Redis (a round trip per call cost as much CPU as
 #: the call's own statements).
 COUNT_EVERY_S = 1.0
+#: the prompt's last ids decoded to see whether the template closed the reasoning (a closed empty
+#: think block is at most a few ids in every family's template).
+PROMPT_TAIL_IDS = 8
+#: renderers kept for distinct per-request template kwargs (the oldest goes first).
+MAX_KWARG_RENDERERS = 32
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class ProxyCore:
         self.clients = clients
         self._tokenizer_loader = tokenizer
         self._renderer: Renderer | None = None
+        self._kwarg_renderers: dict[str, Renderer] = {}
         self._parsers: ParserNames | None = None
         self.served_model = served_model
         self._ids = IdCache()
@@ -124,6 +131,16 @@ class ProxyCore:
             self._parsers = parsers.choose(self.settings, template)
             self._renderer = renderer
         return self._renderer
+
+    def _renderer_with(self, base: Renderer, kwargs: dict[str, Any]) -> Renderer:
+        """The renderer for these template kwargs (a few distinct ones in practice; kept, bounded)."""
+        key = json.dumps(kwargs, sort_keys=True)
+        renderer = self._kwarg_renderers.get(key)
+        if renderer is None:
+            if len(self._kwarg_renderers) >= MAX_KWARG_RENDERERS:
+                self._kwarg_renderers.pop(next(iter(self._kwarg_renderers)))
+            renderer = self._kwarg_renderers[key] = Renderer(base.tokenizer, template_kwargs=kwargs)
+        return renderer
 
     @property
     def parser_names(self) -> ParserNames:
@@ -192,6 +209,8 @@ class ProxyCore:
         renderer = self._renderer
         if renderer is None:  # loaded once, off the event loop
             renderer = await self._in_thread(lambda: self.renderer)
+        if isinstance(request, ChatRequest) and request.template_kwargs:
+            renderer = self._renderer_with(renderer, request.template_kwargs)
         sampling = sampling_params(trial, request, default_max_tokens=self.settings.default_max_tokens)
         if isinstance(request, ChatRequest):
             check_chat(request)
@@ -203,6 +222,10 @@ class ProxyCore:
             executor=self._pool,
         )
         prepared = await self._prepare(llm, renderer, trial, request, wire)
+        # The prompt's last ids say whether the template closed the reasoning before the answer.
+        prompt_tail = ""
+        if self.parser_names.reasoning != "none":
+            prompt_tail = renderer.tokenizer.decode(prepared.prompt_ids[-PROMPT_TAIL_IDS:].tolist())
         generation = Generation(
             tokenizer=renderer.tokenizer,
             request=request,
@@ -210,6 +233,8 @@ class ProxyCore:
             parsers=self.parser_names,
             forced_ids=prepared.forced_ids,
             call_id_prefix=call_id_prefix,
+            prompt_tail=prompt_tail,
+            end_ids=renderer.end_ids,
         )
         prompt_ids = prepared.prompt_ids.tolist()
         # The backend starts on the prompt while the call's pending row commits: nothing of the
@@ -249,7 +274,7 @@ class ProxyCore:
             if isinstance(request, CompletionRequest):
                 return await self._in_thread(_leased, llm, self._preparer.completion, renderer, trial, request, wire)
             messages = with_tool_names(request.messages)
-            hashes = chain(request.tools, messages)
+            hashes = chain(request.tools, messages, request.template_kwargs)
             parent = await self.recorder.find_parent(trial.id, hashes)
             return await self._in_thread(
                 _leased, llm, self._preparer.chat, renderer, trial, messages, request, hashes, parent

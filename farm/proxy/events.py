@@ -70,6 +70,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None = None
+    #: sampled tokens the reasoning parser read as reasoning (its tags not counted, as vLLM counts);
+    #: None when the model has no reasoning parser (vLLM then reports no completion_tokens_details).
+    reasoning_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:

@@ -58,17 +58,22 @@ class Generation:
         parsers: ParserNames,
         forced_ids: list[int],
         call_id_prefix: str,
+        prompt_tail: str = "",
+        end_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.request = request
         self.sampling = sampling
         self._tokenizer = tokenizer
-        stop_ids = set(sampling.stop_token_ids)
+        stop_ids = set(sampling.stop_token_ids) | set(end_ids)
         if tokenizer.eos_token_id is not None:
             stop_ids.add(tokenizer.eos_token_id)
         self._decoder = TextDecoder(tokenizer, hidden_ids=stop_ids)
         self._stops = StopMatcher(request.sampling.stop)
         parse_calls = isinstance(request, ChatRequest) and bool(request.tools) and request.tool_choice != "none"
-        self._reasoning = reasoning_parser(parsers.reasoning)
+        self._reasoning = reasoning_parser(parsers.reasoning, prompt_tail=prompt_tail)
+        self._reasoning_name, self._prompt_tail = parsers.reasoning, prompt_tail
+        self._forced_ids = forced_ids
+        self._reasons = parsers.reasoning != "none"
         tools = [tool.for_template()["function"] for tool in request.tools] if isinstance(request, ChatRequest) else []
         self._tools = tool_call_parser(parsers.tool_calls, parse_calls=parse_calls, tools=tools)
         self._one_call = parse_calls and isinstance(request, ChatRequest) and not request.parallel_tool_calls
@@ -212,7 +217,10 @@ class Generation:
             texts = [decoded[t] for t in done.sampled]
             top_texts = [[(decoded[t], lp) for t, lp in top.items()] for top in self._tops[: len(done.sampled)]]
         usage = Usage(
-            prompt_tokens=len(prompt_ids), completion_tokens=len(done.sampled), cached_tokens=done.cached_tokens
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(done.sampled),
+            cached_tokens=done.cached_tokens,
+            reasoning_tokens=(self._count_reasoning(done) if done.reasoning else 0) if self._reasons else None,
         )
         return Finished(
             reply=done.reply,
@@ -225,6 +233,18 @@ class Generation:
             top_logprobs=top_texts,
             reasoning=done.reasoning,
         )
+
+    def _count_reasoning(self, done: Generated) -> int:
+        """The sampled tokens whose text the reasoning parser read as reasoning: each id read again,
+        one at a time, after the forced opening (an answer that reasoned only; tags count as none)."""
+        parser = reasoning_parser(self._reasoning_name, prompt_tail=self._prompt_tail)
+        decoder = TextDecoder(self._tokenizer, hidden_ids=self._decoder.hidden)
+        if self._forced_ids:
+            parser.push(decoder.push(self._forced_ids))
+        count = 0
+        for token_id in done.sampled:
+            count += bool(parser.push(decoder.push([token_id])).reasoning)
+        return count
 
     def _thought(self, text: str) -> list[Event]:
         if not text:

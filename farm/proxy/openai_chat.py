@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from farm.errors import ProxyError
+from farm.proxy import template_kwargs
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
 from farm.proxy.errors import validated
 from farm.proxy.events import Event, Finished, ReasoningDelta, Sampled, Started, TextDelta, ToolCallEvent, Usage
@@ -84,6 +85,7 @@ class ChatCompletionBody(BaseModel):
     n: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    chat_template_kwargs: Any = None
 
 
 def text_of(content: str | list[dict[str, Any]] | None, *, where: str) -> str:
@@ -189,6 +191,7 @@ def parse(raw: Any) -> WireRequest:
         stream=bool(body.stream),
         logprobs=bool(body.logprobs),
         top_logprobs=top_logprobs,
+        template_kwargs=template_kwargs.check(body.chat_template_kwargs),
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return WireRequest(request, include_usage=include_usage)
@@ -255,6 +258,8 @@ def usage_body(usage: Usage) -> dict[str, Any]:
     }
     if usage.cached_tokens is not None:
         out["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
+    if usage.reasoning_tokens is not None:  # as vLLM: only where a reasoning parser reads the answers
+        out["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
     return out
 
 

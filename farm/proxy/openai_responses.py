@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from farm.errors import ProxyError
+from farm.proxy import template_kwargs
 from farm.proxy.conversation import ChatRequest, Message, Sampling, Tool, ToolCall
 from farm.proxy.errors import validated
 from farm.proxy.events import Event, Finished, ReasoningDelta, Sampled, Started, TextDelta, ToolCallEvent
@@ -55,6 +56,7 @@ class ResponsesBody(BaseModel):
     previous_response_id: str | None = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(default=None, strict=True)
+    reasoning: Any = None
 
 
 def parse(raw: Any) -> WireRequest:
@@ -151,6 +153,7 @@ def parse(raw: Any) -> WireRequest:
         parallel_tool_calls=body.parallel_tool_calls is not False,
         logprobs=INCLUDE_LOGPROBS in (body.include or []),
         top_logprobs=top_logprobs,
+        template_kwargs=template_kwargs.from_responses_reasoning(body.reasoning),
     )
     return WireRequest(request, echo=echo)
 
@@ -180,7 +183,7 @@ def _usage(done: Finished) -> dict[str, Any]:
         "input_tokens": done.usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": done.usage.cached_tokens or 0},
         "output_tokens": done.usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": done.usage.reasoning_tokens or 0},
         "total_tokens": done.usage.total_tokens,
     }
 

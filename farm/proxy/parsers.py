@@ -25,6 +25,8 @@ from farm.proxy.reasoning_formats import (
     HarmonyReasoningParser,
     KimiK2ReasoningParser,
     Qwen3ReasoningParser,
+    ThinkTags,
+    prompt_ends_reasoning,
 )
 from farm.proxy.toolparse import NoToolCalls, ToolCallParser
 from farm.proxy.toolparse.deepseek_v31 import DeepSeekV31ToolCallParser
@@ -129,13 +131,18 @@ def tool_call_parser(name: str, *, parse_calls: bool, tools: Tools | None = None
     return _make(TOOL_CALL_PARSERS, name, "tool-call")(tools=tools)
 
 
-def reasoning_parser(name: str) -> ReasoningParser:
-    """A fresh parser for one answer.
+def reasoning_parser(name: str, *, prompt_tail: str = "") -> ReasoningParser:
+    """A fresh parser for one answer. ``prompt_tail``: the prompt's last text; a prompt that already
+    closed the reasoning (``prompt_ends_reasoning``: Qwen3's ``enable_thinking: false``) makes the whole
+    answer content, as vLLM's serving layer does (``prompt_is_reasoning_end``).
 
     Raises:
         ConfigError: no parser has this name (the message lists the known ones).
     """
-    return _make(REASONING_PARSERS, name, "reasoning")()
+    make = _make(REASONING_PARSERS, name, "reasoning")
+    if isinstance(make, type) and issubclass(make, ThinkTags) and prompt_ends_reasoning(prompt_tail):
+        return make(thinking=False)
+    return make()
 
 
 def _make(registry: dict[str, Callable[..., P]], name: str, kind: str) -> Callable[..., P]:

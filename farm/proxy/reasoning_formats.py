@@ -25,11 +25,18 @@ THINK = "<think>"
 END_THINK = "</think>"
 
 
+def prompt_ends_reasoning(prompt_tail: str) -> bool:
+    """The prompt's generation prompt already closed the think block: Qwen3's template with
+    ``enable_thinking: false`` ends it with ``<think>\\n\\n</think>\\n\\n``, llama.cpp's DeepSeek-R1 copy with
+    ``<think>\\n</think>``. The model then writes no reasoning; vLLM reads its answer as content."""
+    return prompt_tail.rstrip().endswith(END_THINK)
+
+
 class ThinkTags:
     """``<think>...</think>`` reasoning at the start of the answer (a ``ReasoningParser``).
 
-    ``thinking`` False (the request's ``chat_template_kwargs`` turned thinking off, for the families
-    whose vLLM parser reads that switch): the whole answer is content.
+    ``thinking`` False (the prompt closed the think block: ``prompt_ends_reasoning``): the whole
+    answer is content.
     """
 
     #: tags that end the reasoning and belong to the answer.
@@ -95,9 +102,6 @@ class ThinkTags:
 
 class DeepSeekR1ReasoningParser(ThinkTags):
     """DeepSeek-R1's ``<think>`` reasoning (vLLM's ``deepseek_r1``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
 
 
 class Qwen3ReasoningParser(ThinkTags):

@@ -15,6 +15,7 @@ import pytest
 
 from farm.client import FarmClient
 from farm.config import Settings
+from farm.constants import Stage
 from farm.embedded import EmbeddedStack
 
 pytestmark = pytest.mark.integration
@@ -91,10 +92,12 @@ def scripted_stack(
     model_dir: Path,
     node: str,
     rules: Any,
+    stages: tuple[Stage, ...] | None = None,
     **llm: Any,
 ) -> Iterator[EmbeddedStack]:
     """A farm whose built-in backend answers by ``rules`` (scripted mode), on the Redis database
-    ``redis_offset`` past the test one, flushed before and after."""
+    ``redis_offset`` past the test one, flushed before and after. ``stages=()``: no workers (a test
+    that only drives trials through the API's proxy starts three processes fewer)."""
     import redis
 
     url = side_redis_url(redis_url, redis_offset)
@@ -104,6 +107,8 @@ def scripted_stack(
     settings = stack_settings(data_dir, redis_url=url, database_url=database_url, model_dir=model_dir, node=node)
     settings = settings.model_copy(update={"llm": settings.llm.model_copy(update={"builtin_script": script, **llm})})
     stack = EmbeddedStack(settings, with_flower=False, with_llm=True)
+    if stages is not None:
+        stack.stages = stages
     stack.start()
     try:
         yield stack

@@ -8,7 +8,8 @@ Rules are tried in order; the first whose regex ``re.search``-es the prompt (dec
 tokens kept) wins. The turn index is the number of assistant turns already in the prompt: the
 template's assistant openings (``<|im_start|>assistant`` in ChatML) minus the final, still open one
 (the generation prompt). Past the end of ``turns`` the last entry is reused. A prompt no rule matches
-is sampled as usual.
+is sampled as usual. A model whose template is not ChatML (Llama 3, Phi-3, DeepSeek-R1) has its
+opening and end of turn read from its chat template (``template_markers``).
 
 The engine forces ``tokenizer.encode(text, add_special_tokens=False)`` followed by the end-of-turn id
 and reports each forced token's logprob exactly as it would for a sampled one, so a scripted
@@ -18,6 +19,7 @@ trajectory is as token-exact as a sampled one.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +102,53 @@ def turn_index(prompt_text: str, *, opening: str = CHATML_ASSISTANT_OPENING, end
     return count
 
 
+#: a reply text no template writes, to find where a rendered assistant turn starts and ends.
+_MARK = "SCRIPTED-REPLY-MARK"
+
+
+def template_markers(tokenizer: Any, stop_ids: frozenset[int]) -> tuple[str, str, int] | None:
+    """What the tokenizer's chat template writes around an assistant reply: the turn's opening (the
+    part of the generation prompt that every earlier assistant turn also starts with), the end-of-turn
+    text and its id, the first id after the reply that the engine stops at. None: no chat template,
+    or none of its end-of-turn ids is a stop id."""
+    if not isinstance(getattr(tokenizer, "chat_template", None), str):
+        return None
+    user = [{"role": "user", "content": "u"}]
+    try:
+        prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+        turn = tokenizer.apply_chat_template([*user, {"role": "assistant", "content": _MARK}], tokenize=False)
+    except Exception:  # a template that cannot render this plain conversation has no markers to offer
+        return None
+    if not isinstance(prompt, str) or not isinstance(turn, str) or _MARK not in turn:
+        return None
+    # The generation prompt and the rendered reply share the user's turn and the assistant's opening;
+    # the opening's first line is what every assistant turn starts with (Qwen3.5 adds a think block).
+    before = turn[: turn.index(_MARK)]
+    shared = next((i for i, (a, b) in enumerate(zip(prompt, before, strict=False)) if a != b), len(before))
+    user_end = _token_boundary(
+        tokenizer, prompt, len(os.path.commonprefix([prompt, tokenizer.apply_chat_template(user, tokenize=False)]))
+    )
+    opening = prompt[user_end:shared].strip().split("\n")[0]
+    after = turn[turn.index(_MARK) + len(_MARK) :]
+    for i, token_id in enumerate(tokenizer.encode(after, add_special_tokens=False)):
+        if token_id in stop_ids:
+            end = tokenizer.decode(tokenizer.encode(after, add_special_tokens=False)[: i + 1])
+            return (opening, end, token_id) if opening else None
+    return None
+
+
+def _token_boundary(tokenizer: Any, text: str, at: int) -> int:
+    """The last token boundary of ``text`` at or before ``at`` (a shared prefix may end inside a token:
+    Phi-3's ``<|end|>`` then ``<|endoftext|>`` or ``<|assistant|>``)."""
+    position = 0
+    for token_id in tokenizer.encode(text, add_special_tokens=False):
+        piece = tokenizer.decode([token_id])
+        if position + len(piece) > at:
+            break
+        position += len(piece)
+    return position
+
+
 @dataclass
 class Script:
     """Rules bound to a tokenizer; ``reply`` picks the forced ids for a prompt, ``hit`` counts them per rule.
@@ -126,18 +175,27 @@ class Script:
 
     @classmethod
     def for_model(cls, rules: ScriptFile, tokenizer: _Tokenizer, *, stop_ids: frozenset[int]) -> Script:
-        """Bind ``rules`` to a served model: replies end with the ChatML end-of-turn id, which must be a stop id.
+        """Bind ``rules`` to a served model: replies end with the template's end-of-turn id, a stop id.
+
+        ChatML (``<|im_end|>``) when the engine stops at it; else the markers the tokenizer's chat template
+        writes around an assistant turn (``template_markers``: Llama 3's ``<|eot_id|>``, Phi-3's
+        ``<|end|>``, DeepSeek's end of sentence).
 
         Raises:
-            ConfigError: the tokenizer has no ``<|im_end|>`` token, or the engine does not stop at it.
+            ConfigError: neither ChatML's end of turn nor the template's is an id the engine stops at.
         """
         end_id = tokenizer.convert_tokens_to_ids(CHATML_END_OF_TURN)
-        if not isinstance(end_id, int) or end_id not in stop_ids:
+        if isinstance(end_id, int) and end_id in stop_ids:
+            return cls(rules=rules, tokenizer=tokenizer, end_token_id=end_id)
+        markers = template_markers(tokenizer, stop_ids)
+        if markers is None:
             raise ConfigError(
-                f"scripted replies end with {CHATML_END_OF_TURN} (a ChatML template), but this model's "
-                f"tokenizer gives it id {end_id!r} and the engine stops at {sorted(stop_ids)}"
+                f"scripted replies end with the template's end of turn ({CHATML_END_OF_TURN} in ChatML), but this "
+                f"model's tokenizer gives it id {end_id!r}, its chat template ends no assistant turn with an id the "
+                f"engine stops at, and the engine stops at {sorted(stop_ids)}"
             )
-        return cls(rules=rules, tokenizer=tokenizer, end_token_id=end_id)
+        opening, end, end_id = markers
+        return cls(rules=rules, tokenizer=tokenizer, end_token_id=end_id, opening=opening, end=end)
 
     def match(self, prompt_text: str) -> ScriptedReply | None:
         """The reply the script gives for this prompt text, or None (sample normally). Does not count a hit."""

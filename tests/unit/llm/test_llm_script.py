@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -141,3 +142,29 @@ def test_tool_call_markers_are_single_special_ids(tiny_tokenizer):
     assert ids[-1] == tiny_tokenizer.convert_tokens_to_ids("</tool_call>")
     # Decoded with skip_special_tokens=True the markers vanish: scripted tool calls need False.
     assert tiny_tokenizer.decode(ids, skip_special_tokens=True) == "x"
+
+
+@pytest.mark.parametrize(
+    ("family", "opening", "end"),
+    [
+        ("qwen3", "<|im_start|>assistant", "<|im_end|>"),
+        ("llama3", "<|start_header_id|>assistant<|end_header_id|>", "<|eot_id|>"),
+        ("deepseek-r1", "<｜Assistant｜>", "<｜end▁of▁sentence｜>"),
+        ("phi-3", "<|assistant|>", "<|end|>"),
+    ],
+)
+def test_template_markers_are_read_from_the_family_s_template(family_model_dir, family, opening, end):
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from farm.llm.builtin.script import template_markers
+
+    model_dir = family_model_dir(family)
+    tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
+    eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+    stop_ids = frozenset(eos if isinstance(eos, list) else [eos])
+    assert template_markers(tokenizer, stop_ids) == (opening, end, tokenizer.convert_tokens_to_ids(end))
+    script = Script.for_model(load_script(RULES), tokenizer, stop_ids=stop_ids)
+    assert (script.opening, script.end) == (opening, end) if family != "qwen3" else script.end == end
+    # No end-of-turn id the engine stops at: refused, naming the ids.
+    with pytest.raises(ConfigError, match="stops at"):
+        Script.for_model(load_script(RULES), tokenizer, stop_ids=frozenset({0}))

@@ -54,3 +54,18 @@ def test_a_model_of_no_known_family_writes_hermes_calls_and_no_reasoning() -> No
 def test_a_name_that_does_not_exist_is_a_config_error(settings: ProxySettings, words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         choose(settings, None)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "deepseek_r1", "glm45", "kimi_k2"])
+@pytest.mark.parametrize(
+    "tail", ["<|im_start|>assistant\n<think>\n\n</think>\n\n", "<｜Assistant｜><think>\n</think>"], ids=["qwen3", "r1"]
+)
+def test_a_prompt_that_closed_the_think_block_makes_the_answer_content(name: str, tail: str) -> None:
+    from farm.proxy.parsers import reasoning_parser
+
+    parser = reasoning_parser(name, prompt_tail=tail)
+    split, last = parser.push("hello</think> there"), parser.finish()
+    assert split.reasoning + last.reasoning == "" and split.content + last.content == "hello</think> there"
+    # A prompt that leaves the block open (or never wrote one) reads reasoning first, as before.
+    opened = reasoning_parser(name, prompt_tail="<|im_start|>assistant\n<think>\n")
+    assert opened.push("plan</think>hello").reasoning.strip() == "plan"
