@@ -3,19 +3,48 @@ harness side is the real openai and anthropic SDKs pointed at the trial's base U
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from farm.constants import Stage
 from farm.embedded import EmbeddedStack
 from tests.integration.conftest import scripted_stack
 
 pytestmark = pytest.mark.integration
 
 TOKEN = {"Authorization": "Bearer e2e-token"}
+#: ``qwen3_scripted(node, rules, stages=None)``: a farm on the qwen3 tiny model whose backend answers by ``rules``.
+Qwen3Scripted = Callable[..., AbstractContextManager[EmbeddedStack]]
+
+
+@pytest.fixture(scope="module")
+def qwen3_scripted(
+    tmp_path_factory: pytest.TempPathFactory,
+    module_pg_url: str,
+    redis_url: str,
+    family_model_dir: Callable[[str], Path],
+) -> Qwen3Scripted:
+    """Starts the module's farm on the qwen3 tiny model (the real Qwen3 tokenizer and template), its
+    built-in backend scripted by the module's rules; ``stages=()`` starts no workers."""
+
+    def start(node: str, rules: Any, stages: tuple[Stage, ...] | None = None) -> AbstractContextManager[EmbeddedStack]:
+        return scripted_stack(
+            tmp_path_factory.mktemp(node),
+            redis_url=redis_url,
+            redis_offset=0,
+            database_url=module_pg_url,
+            model_dir=family_model_dir("qwen3"),
+            node=node,
+            rules=rules,
+            stages=stages,
+        )
+
+    return start
 
 
 #: a prompt holding this word gets scripted replies: a tool call, then a final answer.

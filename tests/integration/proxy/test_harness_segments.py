@@ -18,7 +18,7 @@ import pytest
 from farm.client import FarmClient, to_arrays
 from farm.embedded import EmbeddedStack
 from farm.schemas import JobResult, TrajectoryOut, TrajectorySegmentOut
-from tests.integration.conftest import scripted_stack
+from tests.integration.proxy.conftest import Qwen3Scripted
 
 #: A stack of its own with the qwen3 model, two harness jobs in bwrap sandboxes: ~70 s on an idle
 #: machine, past the default 120 s limit on a busy one.
@@ -56,21 +56,8 @@ HARNESS = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def qwen3_harness_stack(
-    tmp_path_factory: pytest.TempPathFactory,
-    module_pg_url: str,
-    redis_url: str,
-    family_model_dir: Callable[[str], Path],
-) -> Iterator[EmbeddedStack]:
-    with scripted_stack(
-        tmp_path_factory.mktemp("harness-segments"),
-        redis_url=redis_url,
-        redis_offset=0,
-        database_url=module_pg_url,
-        model_dir=family_model_dir("qwen3"),
-        node="segmentstest",
-        rules={"rules": [{"match": WORD, "turns": TURNS}]},
-    ) as stack:
+def qwen3_harness_stack(qwen3_scripted: Qwen3Scripted) -> Iterator[EmbeddedStack]:
+    with qwen3_scripted("segmentstest", {"rules": [{"match": WORD, "turns": TURNS}]}) as stack:
         yield stack
 
 

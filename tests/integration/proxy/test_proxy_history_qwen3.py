@@ -15,8 +15,7 @@ import openai
 import pytest
 
 from farm.embedded import EmbeddedStack
-from tests.integration.conftest import scripted_stack
-from tests.integration.proxy.conftest import TOKEN
+from tests.integration.proxy.conftest import TOKEN, Qwen3Scripted
 
 pytestmark = pytest.mark.integration
 
@@ -36,21 +35,8 @@ TOOLS: Any = [
 
 
 @pytest.fixture(scope="module")
-def qwen3_stack(
-    tmp_path_factory: pytest.TempPathFactory,
-    module_pg_url: str,
-    redis_url: str,
-    family_model_dir: Callable[[str], Path],
-) -> Iterator[EmbeddedStack]:
-    with scripted_stack(
-        tmp_path_factory.mktemp("qwen3-history"),
-        redis_url=redis_url,
-        redis_offset=0,
-        database_url=module_pg_url,
-        model_dir=family_model_dir("qwen3"),
-        node="qwen3history",
-        rules={"rules": [{"match": WORD, "turns": TURNS}]},
-    ) as stack:
+def qwen3_stack(qwen3_scripted: Qwen3Scripted) -> Iterator[EmbeddedStack]:
+    with qwen3_scripted("qwen3history", {"rules": [{"match": WORD, "turns": TURNS}]}) as stack:
         yield stack
 
 

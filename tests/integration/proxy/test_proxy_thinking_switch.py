@@ -16,8 +16,7 @@ import openai
 import pytest
 
 from farm.embedded import EmbeddedStack
-from tests.integration.conftest import scripted_stack
-from tests.integration.proxy.conftest import TOKEN
+from tests.integration.proxy.conftest import TOKEN, Qwen3Scripted
 
 pytestmark = pytest.mark.integration
 
@@ -29,22 +28,8 @@ PROMPT: Any = [{"role": "user", "content": f"{WORD}: say hello"}]
 
 
 @pytest.fixture(scope="module")
-def stack(
-    tmp_path_factory: pytest.TempPathFactory,
-    module_pg_url: str,
-    redis_url: str,
-    family_model_dir: Callable[[str], Path],
-) -> Iterator[EmbeddedStack]:
-    with scripted_stack(
-        tmp_path_factory.mktemp("qwen3-switch"),
-        redis_url=redis_url,
-        redis_offset=0,
-        database_url=module_pg_url,
-        model_dir=family_model_dir("qwen3"),
-        node="qwen3switch",
-        rules=RULES,
-        stages=(),  # trials through the API's proxy only: no workers
-    ) as stack:
+def stack(qwen3_scripted: Qwen3Scripted) -> Iterator[EmbeddedStack]:
+    with qwen3_scripted("qwen3switch", RULES, stages=()) as stack:
         yield stack
 
 
