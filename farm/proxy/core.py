@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
@@ -33,10 +34,10 @@ from farm.constants import trial_balancer_key
 from farm.errors import TrialEnded, TrialNotFound, Unauthorized
 from farm.llm.balancer import Balancer
 from farm.llm.session import ClientPool, LLMSession
-from farm.proxy import parsers
+from farm.proxy import bounds, parsers
 from farm.proxy.continuity import Renderer
 from farm.proxy.conversation import ChatRequest, CompletionRequest, chain
-from farm.proxy.events import Event, TrialContext
+from farm.proxy.events import Event, Finished, TrialContext
 from farm.proxy.generate import Generated, Generation
 from farm.proxy.parsers import ParserNames
 from farm.proxy.prepare import IdCache, Prepared, Preparer, check_chat, sampling_params, with_tool_names
@@ -89,6 +90,8 @@ class ProxyCore:
         self.clients = clients
         self._tokenizer_loader = tokenizer
         self._renderer: Renderer | None = None
+        self._loading = threading.Lock()
+        self._longest_token = 1
         self._parsers: ParserNames | None = None
         self.served_model = served_model
         self._ids = IdCache()
@@ -119,11 +122,22 @@ class ProxyCore:
             ConfigError: the settings name a family or parser that does not exist.
         """
         if self._renderer is None:
-            renderer = Renderer(self._tokenizer_loader())
-            template = getattr(renderer.tokenizer, "chat_template", None)
-            self._parsers = parsers.choose(self.settings, template)
-            self._renderer = renderer
+            # Once, under a lock: threads importing transformers at the same time see it half
+            # imported (ImportError: cannot import name 'AutoTokenizer').
+            with self._loading:
+                if self._renderer is None:
+                    renderer = Renderer(self._tokenizer_loader())
+                    template = getattr(renderer.tokenizer, "chat_template", None)
+                    self._parsers = parsers.choose(self.settings, template)
+                    self._longest_token = bounds.longest_token_bytes(renderer.tokenizer)
+                    self._renderer = renderer
         return self._renderer
+
+    async def longest_token_bytes(self) -> int:
+        """The most bytes of text one token of the served model stands for (``farm.proxy.bounds``)."""
+        if self._renderer is None:
+            await self.warm()
+        return self._longest_token
 
     @property
     def parser_names(self) -> ParserNames:
@@ -137,8 +151,9 @@ class ProxyCore:
         """Load the tokenizer off the event loop (it takes seconds the first time)."""
         await self._in_thread(lambda: self.renderer)
 
-    async def open_trial(self, trial_id: str, key: str | None) -> TrialContext:
-        """The trial this key opens.
+    async def open_trial(self, trial_id: str, key: str | None, *, cached: bool = True) -> TrialContext:
+        """The trial this key opens (``cached=False``: read now, for a route that records nothing
+        that would find the trial ended).
 
         Raises:
             Unauthorized: no key, or not this trial's key (an unknown trial is refused the same way,
@@ -150,9 +165,9 @@ class ProxyCore:
         if "\x00" in trial_id:  # no trial has one (a database text cannot hold it)
             raise Unauthorized(f"this key does not open trial {trial_id!r}")
 
-        cached = self._keys.get((trial_id, key))
-        if cached is not None and cached[0] > time.monotonic():
-            return cached[1]
+        found_key = self._keys.get((trial_id, key))
+        if found_key is not None and found_key[0] > time.monotonic() and cached:
+            return found_key[1]
 
         def load() -> TrialContext:
             with self.recorder.reading() as conn:
@@ -180,6 +195,7 @@ class ProxyCore:
         *,
         wire: str,
         call_id_prefix: str = "call_",
+        build: Callable[[Finished], None] | None = None,
     ) -> AsyncIterator[Event]:
         """Generate one answer; see the module docstring for the order of events.
 
@@ -224,6 +240,9 @@ class ProxyCore:
             async for event in generation.events(llm, prompt_ids, started):
                 yield event
             begun = await recording
+            done = generation.finished(begun.seq, prompt_ids)
+            if build is not None:
+                build(done)  # a whole answer is recorded done only once it is built
             await self._record_finish(trial.id, begun, generation.generated)
         except BaseException as exc:
             llm.drop_found()
@@ -233,7 +252,7 @@ class ProxyCore:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(llm.close())
             raise
-        yield generation.finished(begun.seq, prompt_ids)
+        yield done
 
     async def _prepare(
         self,
