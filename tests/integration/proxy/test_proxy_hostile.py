@@ -178,7 +178,8 @@ def test_a_raw_utf8_surrogate_in_model_is_a_400_and_nothing_generates(trial: dic
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
 def test_nan_or_infinity_in_a_responses_tool_is_a_400(trial: dict[str, Any], stream: bool, number: str) -> None:
-    tool = '[{"type": "function", "name": "t", "parameters": {"type": NUMBER}}]'.replace("NUMBER", number)
+    schema = '{"type": "object", "properties": {"n": {"type": "number", "maximum": NUMBER}}}'.replace("NUMBER", number)
+    tool = '[{"type": "function", "name": "t", "parameters": SCHEMA}]'.replace("SCHEMA", schema)
     raw = f'{{"model": "m", "input": "hi", "max_output_tokens": 2, "stream": {json.dumps(stream)}, "tools": {tool}}}'
     assert_error(post(trial, "responses", raw.encode()), "responses", 400)
     assert_serves_on(trial)
