@@ -7,11 +7,13 @@ the process hold more than about ``BYTES_HELD_PER_BODY_BYTE`` times ``proxy.max_
 raw body, its text, the parsed objects, the rendered prompt) plus the ids of a prompt that fits
 ``proxy.max_prompt_tokens``.
 
-A prompt's token count is at least its bytes over the longest token's bytes (no token covers more
-of the text than its own spelling): a prompt whose text holds more than ``NORMALIZING_SLACK *
-longest_token_bytes * max_prompt_tokens`` bytes cannot fit, and is refused without tokenizing it.
-The slack covers a tokenizer's normalizer, which may compose characters (NFC composes three Hangul
-jamo, 9 bytes, into one syllable, 3 bytes).
+A prompt's token count is at least its characters over the longest token's (no token stands for
+more of the text than its own spelling's length): a prompt whose text holds more than
+``NORMALIZING_SLACK * longest_token * max_prompt_tokens`` characters cannot fit, and is refused
+without tokenizing it. The slack covers a tokenizer's normalizer, which may compose characters
+(NFC composes three Hangul jamo into one syllable). Counted: the strings under ``PROMPT_FIELDS``
+(a few, like a content block's ``type``, are not rendered: the slack covers them too). Longest
+tokens: the tiny test model's 16 characters, Qwen3's and Llama 3's 128.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from starlette.requests import Request
 
 from farm.config import ProxySettings
 from farm.errors import ProxyError
-from farm.schemas.stored import text_problem
 
 #: what a normalizer may shrink a text's bytes by, at most (see the module docstring).
 NORMALIZING_SLACK = 4
@@ -87,8 +88,8 @@ def parse_json(raw: bytes, settings: ProxySettings) -> tuple[Any, int]:
 
     Raises:
         ProxyError: 400 naming the field: no UTF-8 (a raw surrogate, ``ED A0 80``, is none), no
-            JSON (NaN, Infinity and numbers beyond a double are none), a NUL or a lone surrogate in
-            a string or key, nesting past ``max_json_depth``, more messages or tools than allowed.
+            JSON (NaN, Infinity and numbers beyond a double are none), a lone surrogate in a
+            string or key, nesting past ``max_json_depth``, more messages or tools than allowed.
     """
     try:
         text = raw.decode("utf-8")
@@ -127,7 +128,7 @@ def _check_tree(body: Any, max_depth: int) -> int:
     while stack:
         value, where, depth, in_prompt = stack.pop()
         if isinstance(value, str):
-            if problem := text_problem(value):
+            if problem := _surrogate(value):
                 raise ProxyError(400, f"{where or 'body'}: {problem}", param=where or None)
             if in_prompt:
                 prompt_bytes += len(value)  # characters: a lower bound of its UTF-8 bytes, read without a copy
@@ -143,7 +144,7 @@ def _check_tree(body: Any, max_depth: int) -> int:
         if isinstance(value, dict):
             for key, item in value.items():
                 here = f"{where}.{key}" if where else key
-                if problem := text_problem(key):
+                if problem := _surrogate(key):
                     raise ProxyError(400, f"{where or 'body'}: the key {key!r} {problem}", param=where or None)
                 stack.append((item, here, depth + 1, in_prompt or (depth == 0 and key in PROMPT_FIELDS)))
         else:
@@ -151,10 +152,21 @@ def _check_tree(body: Any, max_depth: int) -> int:
     return prompt_bytes
 
 
+def _surrogate(text: str) -> str | None:
+    """Why ``text`` is no Unicode text (half of a UTF-16 surrogate pair, which no tokenizer, record
+    or answer can hold), or None. A NUL is text: a model may write one, and its harness send it back."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"holds half of a UTF-16 surrogate pair ({text[exc.start]!r} at {exc.start}), which is no text"
+    return None
+
+
 def longest_token_bytes(tokenizer: Any) -> int:
-    """The most bytes of text any one token's spelling holds (byte-level and SentencePiece
-    spellings hold at least as many bytes as the text they stand for: an upper bound)."""
-    return max((len(token.encode("utf-8", "replace")) for token in tokenizer.get_vocab()), default=1)
+    """The most characters of text any one token stands for, at most: its spelling's length (a
+    byte-level spelling has a character per byte, at least one per character of text; a
+    SentencePiece spelling has one per character, ``<0x41>`` six for one)."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=1)
 
 
 def check_prompt_bytes(prompt_bytes: int, *, longest_token: int, max_prompt_tokens: int) -> None:
