@@ -239,6 +239,17 @@ class ProxySettings(BaseModel):
     reasoning_parser: str | None = None
     #: longest request body the proxy reads (a harness's long history with tool outputs).
     max_body_bytes: int = 64 * 1024 * 1024
+    #: a body not fully received within this many seconds is a 408 (a client trickling its bytes).
+    read_timeout_s: float = Field(default=30.0, gt=0)
+    #: most messages (Responses: input items) one request may hold.
+    max_messages: int = Field(default=10_000, gt=0)
+    #: most tools one request may offer.
+    max_tools: int = Field(default=1_000, gt=0)
+    #: deepest nesting of objects and arrays in a request body (a tool's schema included).
+    max_json_depth: int = Field(default=64, gt=0)
+    #: the longest context any backend serves, in tokens: a prompt whose text cannot fit it is refused
+    #: from its length before it is tokenized (``farm.proxy.bounds``).
+    max_prompt_tokens: int = Field(default=262_144, gt=0)
     #: processes ``farm proxy`` serves with, sharing its sockets (each is one event loop, about 6 ms of
     #: CPU per call): a node running many harnesses wants about one per core the backend leaves free.
     processes: int = Field(default=1, ge=1)

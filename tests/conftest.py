@@ -65,9 +65,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 pytest.mark.skip(reason="real harness test (installs it, minutes): opt in with --run-harness")
             )
         if item.get_closest_marker("matrix") and not config.getoption("--run-matrix"):
-            item.add_marker(
-                pytest.mark.skip(reason="family matrix cell (two run anyway): opt in with --run-matrix")
-            )
+            item.add_marker(pytest.mark.skip(reason="family matrix cell (two run anyway): opt in with --run-matrix"))
         if item.get_closest_marker("verl") and not config.getoption("--run-verl"):
             item.add_marker(pytest.mark.skip(reason="verl test: opt in with --run-verl (scripts/setup_verl.sh)"))
         if item.get_closest_marker("slurm") and not config.getoption("--run-slurm"):

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from farm.cli.base import load_settings
 from farm.config import Settings
@@ -32,15 +33,44 @@ def bind_proxy_sockets(
     return sockets
 
 
+class HeadersTimedOut(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, closing a connection whose request's headers have not all come
+    within ``headers_timeout_s`` (uvicorn has no such timeout: a client trickling its headers
+    would hold its socket for ever). The body's own deadline is ``farm.proxy.bounds.read_body``'s."""
+
+    #: set from ``proxy.read_timeout_s`` in each serving process (``serve_proxy``, ``proxy_app_from_environment``).
+    headers_timeout_s = 30.0
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._await_headers()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._await_headers()
+
+    def _await_headers(self) -> None:
+        waiting_on = self.cycle  # a new request's headers make a new cycle
+        self.loop.call_later(self.headers_timeout_s, self._headers_due, waiting_on)
+
+    def _headers_due(self, waiting_on: Any) -> None:
+        if self.cycle is waiting_on and not self.transport.is_closing():
+            self.transport.close()
+
+
 def serve_proxy(settings: Settings, sockets: list[socket.socket], *, processes: int) -> None:
     """Serve the proxy on ``sockets`` in this process, or in ``processes`` children of it."""
     import uvicorn
 
     from farm.proxy.app import create_proxy_app
 
+    HeadersTimedOut.headers_timeout_s = settings.proxy.read_timeout_s
     if processes == 1:
         config = uvicorn.Config(
-            create_proxy_app(sized_for_proxy(settings)), log_level="info", timeout_graceful_shutdown=5
+            create_proxy_app(sized_for_proxy(settings)),
+            log_level="info",
+            timeout_graceful_shutdown=5,
+            http=HeadersTimedOut,
         )
         uvicorn.Server(config).run(sockets=sockets)
         return
@@ -53,6 +83,7 @@ def serve_proxy(settings: Settings, sockets: list[socket.socket], *, processes: 
         APP_FACTORY,
         factory=True,
         workers=processes,
+        http=HeadersTimedOut,
         log_level="info",
         timeout_graceful_shutdown=5,
     )
@@ -63,7 +94,9 @@ def proxy_app_from_environment() -> Any:
     """The proxy app of one of ``farm proxy --processes N``'s children (settings from its environment)."""
     from farm.proxy.app import create_proxy_app
 
-    return create_proxy_app(sized_for_proxy(load_settings()))
+    settings = load_settings()
+    HeadersTimedOut.headers_timeout_s = settings.proxy.read_timeout_s
+    return create_proxy_app(sized_for_proxy(settings))
 
 
 def sized_for_proxy(settings: Settings) -> Settings:

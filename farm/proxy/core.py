@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
@@ -34,10 +35,10 @@ from farm.constants import trial_balancer_key
 from farm.errors import TrialEnded, TrialNotFound, Unauthorized
 from farm.llm.balancer import Balancer
 from farm.llm.session import ClientPool, LLMSession
-from farm.proxy import parsers
+from farm.proxy import bounds, parsers
 from farm.proxy.continuity import Renderer
 from farm.proxy.conversation import ChatRequest, CompletionRequest, chain
-from farm.proxy.events import Event, TrialContext
+from farm.proxy.events import Event, Finished, TrialContext
 from farm.proxy.generate import Generated, Generation
 from farm.proxy.parsers import ParserNames
 from farm.proxy.prepare import IdCache, Prepared, Preparer, check_chat, sampling_params, with_tool_names
@@ -96,6 +97,8 @@ class ProxyCore:
         self._tokenizer_loader = tokenizer
         self._renderer: Renderer | None = None
         self._kwarg_renderers: dict[str, Renderer] = {}
+        self._loading = threading.Lock()
+        self._longest_token = 1
         self._parsers: ParserNames | None = None
         self.served_model = served_model
         self._ids = IdCache()
@@ -126,10 +129,15 @@ class ProxyCore:
             ConfigError: the settings name a family or parser that does not exist.
         """
         if self._renderer is None:
-            renderer = Renderer(self._tokenizer_loader())
-            template = getattr(renderer.tokenizer, "chat_template", None)
-            self._parsers = parsers.choose(self.settings, template)
-            self._renderer = renderer
+            # Once, under a lock: threads importing transformers at the same time see it half
+            # imported (ImportError: cannot import name 'AutoTokenizer').
+            with self._loading:
+                if self._renderer is None:
+                    renderer = Renderer(self._tokenizer_loader())
+                    template = getattr(renderer.tokenizer, "chat_template", None)
+                    self._parsers = parsers.choose(self.settings, template)
+                    self._longest_token = bounds.longest_token_bytes(renderer.tokenizer)
+                    self._renderer = renderer
         return self._renderer
 
     def _renderer_with(self, base: Renderer, kwargs: dict[str, Any]) -> Renderer:
@@ -141,6 +149,12 @@ class ProxyCore:
                 self._kwarg_renderers.pop(next(iter(self._kwarg_renderers)))
             renderer = self._kwarg_renderers[key] = Renderer(base.tokenizer, template_kwargs=kwargs)
         return renderer
+
+    async def longest_token_bytes(self) -> int:
+        """The most bytes of text one token of the served model stands for (``farm.proxy.bounds``)."""
+        if self._renderer is None:
+            await self.warm()
+        return self._longest_token
 
     @property
     def parser_names(self) -> ParserNames:
@@ -154,8 +168,9 @@ class ProxyCore:
         """Load the tokenizer off the event loop (it takes seconds the first time)."""
         await self._in_thread(lambda: self.renderer)
 
-    async def open_trial(self, trial_id: str, key: str | None) -> TrialContext:
-        """The trial this key opens.
+    async def open_trial(self, trial_id: str, key: str | None, *, cached: bool = True) -> TrialContext:
+        """The trial this key opens (``cached=False``: read now, for a route that records nothing
+        that would find the trial ended).
 
         Raises:
             Unauthorized: no key, or not this trial's key (an unknown trial is refused the same way,
@@ -167,9 +182,9 @@ class ProxyCore:
         if "\x00" in trial_id:  # no trial has one (a database text cannot hold it)
             raise Unauthorized(f"this key does not open trial {trial_id!r}")
 
-        cached = self._keys.get((trial_id, key))
-        if cached is not None and cached[0] > time.monotonic():
-            return cached[1]
+        found_key = self._keys.get((trial_id, key))
+        if found_key is not None and found_key[0] > time.monotonic() and cached:
+            return found_key[1]
 
         def load() -> TrialContext:
             with self.recorder.reading() as conn:
@@ -197,6 +212,7 @@ class ProxyCore:
         *,
         wire: str,
         call_id_prefix: str = "call_",
+        build: Callable[[Finished], None] | None = None,
     ) -> AsyncIterator[Event]:
         """Generate one answer; see the module docstring for the order of events.
 
@@ -249,6 +265,9 @@ class ProxyCore:
             async for event in generation.events(llm, prompt_ids, started):
                 yield event
             begun = await recording
+            done = generation.finished(begun.seq, prompt_ids)
+            if build is not None:
+                build(done)  # a whole answer is recorded done only once it is built
             await self._record_finish(trial.id, begun, generation.generated)
         except BaseException as exc:
             llm.drop_found()
@@ -258,7 +277,7 @@ class ProxyCore:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(llm.close())
             raise
-        yield generation.finished(begun.seq, prompt_ids)
+        yield done
 
     async def _prepare(
         self,

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -29,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from farm.errors import FarmError, ProxyError
-from farm.proxy import anthropic_messages
+from farm.proxy import anthropic_messages, bounds
 from farm.proxy.anthropic_messages import AnthropicMessagesFormat
 from farm.proxy.conversation import ChatRequest, CompletionRequest
 from farm.proxy.core import ProxyCore
@@ -72,45 +70,20 @@ def error_response(exc: ProxyError, wire: WireFormat) -> JSONResponse:
     return JSONResponse(wire.error_body(exc), status_code=exc.status)
 
 
-async def read_json(request: Request) -> Any:
-    """The request body as JSON.
+async def read_json(core: ProxyCore, request: Request) -> Any:
+    """The request body as JSON, read and checked within the proxy's bounds (``farm.proxy.bounds``);
+    a prompt whose text cannot fit the longest context is refused here, before it is tokenized.
 
     Raises:
-        ProxyError: 400 when it is not JSON, is nested too deep, or holds half of a UTF-16
-            surrogate pair (text no tokenizer, database or answer can hold).
+        ProxyError: 413 (too large), 408 (too slow), 400 naming the field (see ``bounds.parse_json``).
     """
-    raw = await request.body()
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise ProxyError(400, f"the request body is not valid JSON: {exc}") from exc
-    except RecursionError:
-        raise ProxyError(400, "the request body is nested too deep") from None
-    if ESCAPED_SURROGATE.search(raw) and (where := lone_surrogate(value)) is not None:
-        raise ProxyError(
-            400, f"{where or 'body'}: holds half of a UTF-16 surrogate pair (\\ud800-\\udfff alone)", param=where
-        )
+    raw = await bounds.read_body(request, core.settings)
+    value, prompt_bytes = bounds.parse_json(raw, core.settings)
+    del raw
+    bounds.check_prompt_bytes(
+        prompt_bytes, longest_token=await core.longest_token_bytes(), max_prompt_tokens=core.settings.max_prompt_tokens
+    )
     return value
-
-
-#: a JSON escape of a UTF-16 surrogate: only where one is can the parsed body hold a lone one.
-ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
-
-
-def lone_surrogate(value: Any, where: str = "") -> str | None:
-    """The path of the first string in ``value`` (a key or a value) holding a lone surrogate."""
-    if isinstance(value, str):
-        return where if any("\ud800" <= c <= "\udfff" for c in value) else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            here = f"{where}.{key}" if where else str(key)
-            if (found := lone_surrogate(key, here)) is not None or (found := lone_surrogate(item, here)) is not None:
-                return found
-    if isinstance(value, list):
-        for i, item in enumerate(value):
-            if (found := lone_surrogate(item, f"{where}.{i}" if where else str(i))) is not None:
-                return found
-    return None
 
 
 def parsed(parse: Callable[[Any], T], raw: Any) -> T:
@@ -252,11 +225,13 @@ def proxy_routes(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pr
     async def count_tokens(trial: str, request: Request) -> Response:
         core = get_core(request)
         try:
-            await open_trial(core, trial, request)
-            chat = parsed(anthropic_messages.parse_count, await read_json(request))
+            await core.open_trial(trial, api_key(request), cached=False)  # nothing records this call to refuse it
+            chat = parsed(anthropic_messages.parse_count, await read_json(core, request))
             return JSONResponse({"input_tokens": await core.count_tokens(chat)})
         except ProxyError as exc:
             return error_response(exc, FORMATS["/messages"])
+        except FarmError as exc:
+            return error_response(proxy_error(exc), FORMATS["/messages"])
         except Exception as exc:  # a bug
             return error_response(unexpected(exc), FORMATS["/messages"])
 
@@ -272,16 +247,25 @@ def _format_endpoint(
         core = get_core(request)
         try:
             ctx = await open_trial(core, request.path_params["trial"], request)
-            parsed_request = parsed(wire.parse, await read_json(request))
+            parsed_request = parsed(wire.parse, await read_json(core, request))
             call = parsed_request.call
             model = call.model or ctx.model
             answer_id = wire.new_id()
-            calling = core.call(ctx, call, wire=wire.wire, call_id_prefix=wire.call_id_prefix)
-            events = await answer(request, calling, stream=call.stream)
             prompt_text = _prompt_text(core, call) if parsed_request.echo_prompt else None
             reply = Answer(request=parsed_request, model=model, id=answer_id, prompt_text=prompt_text)
+            built: list[Response] = []
+
+            def build(done: Finished) -> None:
+                # Serialized here, before the call is recorded done: a body that cannot be written
+                # makes the call a failed one, not a done one the harness never saw.
+                built.append(JSONResponse(wire.response(done, reply)))
+
+            calling = core.call(
+                ctx, call, wire=wire.wire, call_id_prefix=wire.call_id_prefix, build=None if call.stream else build
+            )
+            events = await answer(request, calling, stream=call.stream)
             if isinstance(events, Finished):
-                return JSONResponse(wire.response(events, reply))
+                return built[0]
         except ProxyError as exc:
             return error_response(exc, wire)
         except HarnessGone:
