@@ -179,11 +179,12 @@ def _complete(
     """Record the stage's result in one autocommitted statement where the database allows it,
     waiting for the disk only if it finishes the job; anything else (an attempt this worker no
     longer holds as claimed, SQLite) in a transaction."""
-    now = utcnow()
-    owed_until = now + timedelta(seconds=rt.settings.worker.lease_s)
     durable = completions.finishes(claim.stage, output.run_result)
 
     def complete() -> completions.Completion:
+        # Taken at each try: after waiting out the database, the owed next stage is due a lease from now.
+        now = utcnow()
+        owed_until = now + timedelta(seconds=rt.settings.worker.lease_s)
         if (autocommit := rt.autocommit(durable=durable)) is not None:
             with autocommit.connect() as conn:
                 done = completions.complete_next(conn, claim, output, worker=worker, now=now, owed_until=owed_until)
@@ -268,9 +269,9 @@ def _retry_or_fail(rt: FarmRuntime, app: Celery, attempt: _Attempt, outcome: Out
     stage = claim.stage
     if claim.attempt < rt.settings.worker.max_attempts:
         delay = rt.settings.worker.retry_delay_s
-        now = utcnow()
 
         def retry() -> str | None:
+            now = utcnow()
             with rt.engine.begin() as session:
                 return lifecycle.retry_stage(
                     session,
@@ -299,12 +300,16 @@ def _retry_or_fail(rt: FarmRuntime, app: Celery, attempt: _Attempt, outcome: Out
 
 
 def _fail(rt: FarmRuntime, app: Celery, claim: claims.Claim, worker: str, outcome: Outcome, error: str) -> StageReport:
-    now = utcnow()
-
     def fail() -> None:
         with rt.engine.begin() as session:
             lifecycle.fail_stage(
-                session, job_id=claim.job_id, stage=claim.stage, worker=worker, now=now, outcome=outcome, error=error
+                session,
+                job_id=claim.job_id,
+                stage=claim.stage,
+                worker=worker,
+                now=utcnow(),
+                outcome=outcome,
+                error=error,
             )
 
     _waiting_out(rt, fail, f"job {claim.job_id} {claim.stage.value}: failure")
