@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import binascii
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from farm.schemas import B64Array, RawArray, TrajectoryOut, TrajectorySegmentOut, VersionSpan
+from farm.schemas import B64Array, RawArray, SegmentOut, TrajectoryOut, TrajectorySegmentOut, VersionSpan
+
+#: what ``decode_trajectory`` and ``to_arrays`` take: a job's trajectory, or a segment of a trial's
+#: record (``TrialRecord.segment_tokens``; as a model, or the dict of its JSON).
+Decodable = TrajectoryOut | SegmentOut | Mapping[str, Any]
 
 _DTYPES: dict[str, np.dtype[Any]] = {"int32": np.dtype("<i4"), "float32": np.dtype("<f4"), "uint8": np.dtype("u1")}
 
@@ -38,7 +42,25 @@ class TrajectoryArrays:
     segments: Sequence[TrajectoryArrays] = ()
 
 
-def decode_trajectory(traj: TrajectoryOut) -> TrajectoryArrays:
+def decode_trajectory(traj: Decodable) -> TrajectoryArrays:
+    """``traj``'s arrays. A trial record's segment has no reward (None: the harness's grader, if
+    any, gives one) and its weight versions, and is one row of ``to_arrays``: a trial's calls each
+    extend the one before within a segment, so a segment is one sample; its ``spans`` say which
+    call each part came from, and the record's ``certificate`` what each call extended.
+
+    Raises:
+        pydantic.ValidationError: a mapping that is not a trial record's segment.
+    """
+    if isinstance(traj, Mapping):
+        traj = SegmentOut.model_validate(traj)
+    if isinstance(traj, SegmentOut):
+        return TrajectoryArrays(
+            token_ids=_array(traj.token_ids, "int32"),  # type: ignore[arg-type]
+            logprobs=_array(traj.logprobs, "float32"),  # type: ignore[arg-type]
+            loss_mask=_array(traj.loss_mask, "uint8"),  # type: ignore[arg-type]
+            reward=None,
+            weight_versions=traj.weight_versions,
+        )
     return TrajectoryArrays(
         token_ids=_array(traj.token_ids, "int32"),  # type: ignore[arg-type]
         logprobs=_array(traj.logprobs, "float32"),  # type: ignore[arg-type]
@@ -75,7 +97,7 @@ DEFAULT_INT_DTYPE = np.dtype(np.int32)
 
 
 def to_arrays(
-    trajectories: Sequence[TrajectoryOut | TrajectoryArrays],
+    trajectories: Sequence[Decodable | TrajectoryArrays],
     *,
     pad_side: Literal["left", "right"] = "right",
     pad_token_id: int = 0,
@@ -109,6 +131,9 @@ def to_arrays(
     its position in ``trajectories``) and ``main_segment`` (bool, R). A GRPO trainer computes the
     advantage per trajectory (``rewards[main_segment]``) and broadcasts it to the rows with
     ``advantages[trajectory_index]``.
+
+    A trial record's segments (``to_arrays(record.segment_tokens, versions=True)``) are one row
+    each, with ``rewards`` NaN (a trial has none of its own) and their weight versions.
 
     Raises:
         ValueError: empty input, an unknown ``pad_side`` or ``segments``, or a ``dtype`` that is

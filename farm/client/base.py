@@ -43,13 +43,17 @@ from farm.schemas import (
     TaskSet,
     TaskSpec,
     TrajectoryOut,
+    TrialCreate,
+    TrialCreated,
+    TrialOut,
+    TrialRecord,
     WeightLoad,
     WeightPause,
     WeightResume,
     WeightsOut,
     WeightUpdateOut,
 )
-from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
+from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory, TrialSampling
 
 #: per-request timeout; long-polls add their wait on top.
 DEFAULT_TIMEOUT_S = 30.0
@@ -109,6 +113,10 @@ def _models(model: type[M], response: httpx.Response) -> list[M]:
     return [model.model_validate(item) for item in check(response).json()]
 
 
+def _no_content(response: httpx.Response) -> None:
+    check(response)
+
+
 def read_results_page(response: httpx.Response) -> ResultsPage:
     """A results page as the server chose to send it, binary or JSON (the body read already).
 
@@ -152,11 +160,7 @@ def _batch_body(
     try:
         request = BatchCreate.model_validate(given)
     except ValidationError as exc:
-        # The API's own answer to this batch, so one ``except ApiError`` (or InvalidSpec) serves both.
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or None
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise api_error(422, "invalid_request", f"{field}: {first['msg']}{more}", field) from None
+        raise _invalid(exc) from None
     body = request.model_dump(mode="json", exclude_none=False)
     # The sampling fields the trainer set, not the defaults: a harness job overrides only those.
     body["sampling"] = request.sampling.model_dump(mode="json", exclude_unset=True)
@@ -170,6 +174,59 @@ def _batch_body(
     return body
 
 
+def proxy_base_urls(proxy_url: str, trial_id: str) -> tuple[str, str]:
+    """The OpenAI and Anthropic base URLs of trial ``trial_id`` on the proxy at ``proxy_url`` (the
+    API's own address, whose mounted proxy serves trials, or a ``farm proxy`` process's): both serve
+    ``/proxy/{trial}/v1`` (docs/proxy.md#serving-the-api-process-and-farm-proxy)."""
+    root = f"{proxy_url.rstrip('/')}/proxy/{trial_id}"
+    return f"{root}/v1", root
+
+
+def _trial_created(proxy_url: str | None, response: httpx.Response) -> TrialCreated:
+    """The API names its own proxy in the base URLs; a client given ``proxy_url`` names that one."""
+    created = _model(TrialCreated, response)
+    if proxy_url is None:
+        return created
+    openai_url, anthropic_url = proxy_base_urls(proxy_url, created.id)
+    return created.model_copy(update={"openai_base_url": openai_url, "anthropic_base_url": anthropic_url})
+
+
+def _trial_body(
+    trial_id: str | None,
+    history: TrialHistory | None,
+    sampling: TrialSampling | Mapping[str, Any] | None,
+    job_id: int | None,
+    model: str | None,
+    metadata: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    given: dict[str, Any] = {
+        "id": trial_id,
+        "job_id": job_id,
+        "model": model,
+        "sampling": sampling if sampling is not None else {},
+        "metadata": dict(metadata or {}),
+        "history": history if history is not None else DEFAULT_HISTORY,
+    }
+    try:
+        request = TrialCreate.model_validate(given)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+    body = request.model_dump(mode="json", exclude_none=True)
+    body["sampling"] = request.sampling.model_dump(mode="json", exclude_none=True)
+    if history is None:
+        # Unset stays out of the body: the farm's default, whatever it is.
+        del body["history"]
+    return body
+
+
+def _invalid(exc: ValidationError) -> Exception:
+    """The API's own answer to a request refused here, so one ``except ApiError`` serves both."""
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or None
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return api_error(422, "invalid_request", f"{field}: {first['msg']}{more}", field)
+
+
 def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -177,10 +234,11 @@ def auth_headers(token: str | None) -> dict[str, str]:
 class BaseFarmClient(Generic[H]):
     """The farm's HTTP API, built and read; a subclass sends each ``Call`` with its ``H``."""
 
-    def __init__(self, http: H, *, timeout_s: float, retry: RetryPolicy) -> None:
+    def __init__(self, http: H, *, timeout_s: float, retry: RetryPolicy, proxy_url: str | None = None) -> None:
         self._http: H = http
         self._timeout_s = timeout_s
         self._retry = retry
+        self._proxy_url = proxy_url
 
     def _call(
         self,
@@ -295,6 +353,38 @@ class BaseFarmClient(Generic[H]):
         headers = {"Accept": BINARY_ACCEPT} if encoding == "binary" else None
         url, timeout = f"/v1/batches/{batch_id}/results", self._long(wait_s)
         return self._http.build_request("GET", url, params=params, headers=headers, timeout=timeout)
+
+    def _build_create_trial(
+        self,
+        trial_id: str | None,
+        *,
+        history: TrialHistory | None,
+        sampling: TrialSampling | Mapping[str, Any] | None,
+        job_id: int | None,
+        model: str | None,
+        metadata: Mapping[str, Any] | None,
+    ) -> Call[TrialCreated]:
+        """A trial's creation, checked as the API checks it.
+
+        Raises:
+            InvalidSpec: a trial the API would refuse, refused before it is sent.
+        """
+        body = _trial_body(trial_id, history, sampling, job_id, model, metadata)
+        read = functools.partial(_trial_created, self._proxy_url)
+        return self._call("POST", "/v1/trials", read, json=body)
+
+    def _build_trial(self, trial_id: str) -> Call[TrialOut]:
+        return self._call("GET", f"/v1/trials/{trial_id}", functools.partial(_model, TrialOut))
+
+    def _build_end_trial(self, trial_id: str) -> Call[TrialOut]:
+        return self._call("POST", f"/v1/trials/{trial_id}/end", functools.partial(_model, TrialOut))
+
+    def _build_trial_record(self, trial_id: str, encoding: ArrayEncoding) -> Call[TrialRecord]:
+        read = functools.partial(_model, TrialRecord)
+        return self._call("GET", f"/v1/trials/{trial_id}/record", read, params={"encoding": encoding})
+
+    def _build_delete_trial(self, trial_id: str) -> Call[None]:
+        return self._call("DELETE", f"/v1/trials/{trial_id}", _no_content)
 
     def _control(self, url: str, body: dict[str, Any] | None) -> Call[WeightUpdateOut]:
         read = functools.partial(_model, WeightUpdateOut)

@@ -21,7 +21,6 @@ from farm.client.base import (
     DEFAULT_TIMEOUT_S,
     DEFAULT_WAIT_S,
     PREFETCH_PAGES,
-    BaseFarmClient,
     Call,
     PagesAhead,
     ResultsEncoding,
@@ -33,6 +32,7 @@ from farm.client.base import (
 from farm.client.binary import PageBuffer, body_buffer, decode_page
 from farm.client.direct import DirectPages
 from farm.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy, retryable
+from farm.client.trials import AsyncTrialCalls, TrialCalls
 from farm.errors import ApiError
 from farm.schemas import (
     ArrayEncoding,
@@ -61,7 +61,7 @@ from farm.schemas.trials import TrialHistory
 T = TypeVar("T")
 
 
-class FarmClient(BaseFarmClient[httpx.Client]):
+class FarmClient(TrialCalls):
     """Synchronous client. Use as a context manager, or call ``close()``."""
 
     def __init__(
@@ -72,11 +72,13 @@ class FarmClient(BaseFarmClient[httpx.Client]):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
+        proxy_url: str | None = None,
     ) -> None:
         """``retry``: how calls whose answer says "try again" are sent again (``farm.client.retry``;
-        ``NO_RETRIES``: never)."""
+        ``NO_RETRIES``: never). ``proxy_url``: the ``farm proxy`` process a trial's base URLs name
+        (unset: the API's own proxy, the one its answer names)."""
         http = httpx.Client(base_url=base_url, headers=auth_headers(token), timeout=timeout_s, transport=transport)
-        super().__init__(http, timeout_s=timeout_s, retry=retry)
+        super().__init__(http, timeout_s=timeout_s, retry=retry, proxy_url=proxy_url)
         # Results pages, megabytes each, are read straight into their buffers where nothing of
         # httpx's own is in play (see farm.client.direct).
         self._direct = DirectPages() if DirectPages.usable(http.base_url, transport=transport) else None
@@ -303,7 +305,7 @@ class FarmClient(BaseFarmClient[httpx.Client]):
         return status
 
 
-class AsyncFarmClient(BaseFarmClient[httpx.AsyncClient]):
+class AsyncFarmClient(AsyncTrialCalls):
     """The same API as ``FarmClient``, for asyncio trainers."""
 
     def __init__(
@@ -314,11 +316,12 @@ class AsyncFarmClient(BaseFarmClient[httpx.AsyncClient]):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
+        proxy_url: str | None = None,
     ) -> None:
         """See ``FarmClient``."""
         headers = auth_headers(token)
         http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s, transport=transport)
-        super().__init__(http, timeout_s=timeout_s, retry=retry)
+        super().__init__(http, timeout_s=timeout_s, retry=retry, proxy_url=proxy_url)
 
     async def __aenter__(self) -> AsyncFarmClient:
         return self

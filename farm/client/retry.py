@@ -2,11 +2,16 @@
 
 A request that never reached the server (connection refused, connect timeout) is always sent again.
 One that may have reached it is sent again only when sending it twice does what sending it once does
-(a GET, a cancel, a submit with an idempotency key: ``FarmClient.submit`` makes one when the caller
-gives none), and only when what happened says "retry": an answer of 503 with a retryable code (the
+(a GET, a cancel, a trial's end, a submit with an idempotency key: ``FarmClient.submit`` makes one
+when the caller gives none), and only when what happened says "retry": an answer of 503 with a retryable code (the
 API could not reach its database or Redis), a 502 or 504 from a gateway in front of it, or the
 connection breaking or timing out before the answer was read. The weight-update calls (POSTs without
 a key) are retried only when they never reached the server; any other failure raises at once.
+
+Creating a trial is such a call too, with or without an id of the caller's: its answer holds the
+trial's key, shown once, so a second create after a lost answer could not give it back (without an
+id it makes a second trial; with one it answers 409). Deleting one is retried only when it never
+reached the server (sent twice, the second answers 404).
 
 Waits grow exponentially from ``base_s`` up to ``max_s`` with full jitter (so many trainers that lost
 the API together do not come back together), and the retries of one call stop after ``total_s``:
@@ -65,6 +70,9 @@ def idempotent(request: httpx.Request) -> bool:
     if request.method in {"GET", "HEAD", "OPTIONS"}:
         return True
     if request.method == "POST" and request.url.path.endswith("/cancel"):
+        return True
+    if request.method == "POST" and request.url.path.startswith("/v1/trials/") and request.url.path.endswith("/end"):
+        # Ending an ended trial answers the trial as it is (farm.trials.store.end).
         return True
     return request.method == "POST" and "Idempotency-Key" in request.headers
 

@@ -103,6 +103,20 @@ CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any], str, str, float, str, by
         b"",
     ),
     ("wait", (3,), {}, "GET", "/v1/batches/3", 30, "*/*", b""),
+    (
+        "create_trial",
+        ("t1",),
+        {"sampling": {"temperature": 1.0}, "history": "template", "job_id": 4},
+        "POST",
+        "/v1/trials",
+        30,
+        "*/*",
+        b'{"id":"t1","job_id":4,"sampling":{"temperature":1.0},"history":"template","metadata":{}}',
+    ),
+    ("trial", ("t1",), {}, "GET", "/v1/trials/t1", 30, "*/*", b""),
+    ("end_trial", ("t1",), {}, "POST", "/v1/trials/t1/end", 30, "*/*", b""),
+    ("trial_record", ("t1",), {}, "GET", "/v1/trials/t1/record?encoding=b64", 30, "*/*", b""),
+    ("delete_trial", ("t1",), {}, "DELETE", "/v1/trials/t1", 30, "*/*", b""),
 ]
 
 
