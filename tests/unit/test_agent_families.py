@@ -12,11 +12,12 @@ from typing import Any
 
 from farm.agent.loop import Budgets, Episode, run_episode
 from farm.agent.toolbox import ToolSpecs, system_prompt
+from farm.agent.turns import TurnReader
 from farm.config import ProxySettings
 from farm.constants import Outcome
 from farm.llm.rendering import ChatRenderer
 from farm.llm.trajectory import TokenSegment, TrajectoryBuilder
-from farm.llm.types import SamplingParams
+from farm.llm.types import FinishReason, GenerateResult, SamplingParams
 from farm.proxy.parsers import choose
 from farm.testing import ScriptedLLM
 from farm.tools.base import ToolResult
@@ -221,3 +222,22 @@ def test_a_template_that_describes_the_tools_leaves_the_system_prompt_to_the_int
     )
     coder = system_prompt("Do it.", ToolSpecs(specs, call_format="qwen3_coder"))
     assert "<function=NAME>" in coder and "## echo" in coder
+
+
+def test_phi3_reply_ends_at_its_end_of_turn_id_not_in_the_recorded_text(family_tokenizer: Callable[[str], Any]) -> None:
+    # Phi-3 ends a turn with <|end|> (generation_config.json), not its tokenizer's eos <|endoftext|>:
+    # a reply stopped there is recorded without it, as the proxy answers it.
+    tok = family_tokenizer("phi-3")
+    end = tok.convert_tokens_to_ids("<|end|>")
+    assert end != tok.eos_token_id
+    builder = TrajectoryBuilder(tokenizer=tok, messages=[{"role": "user", "content": "hi"}])
+    ids = [*tok.encode("Hello there.", add_special_tokens=False), end]
+    result = GenerateResult(
+        token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=FinishReason.STOP, prompt_tokens=1, backend_id="b"
+    )
+    text = builder.text_of(result)
+    turn = TurnReader(choose(ProxySettings(), tok.chat_template)).read(text)
+    assert builder.add_completion(result, turn.message) == text == "Hello there."
+    assert builder.messages[-1] == {"role": "assistant", "content": "Hello there."}
+    # The sampled ids are kept whole: <|end|> is the model's, with its logprob and mask 1.
+    assert builder.build().token_ids[-len(ids) :] == ids
