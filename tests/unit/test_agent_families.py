@@ -55,12 +55,14 @@ class Run:
         self.tok, self.turns = tok, turns
         self.tools = EchoTools()
         self.llm = ScriptedLLM(tok, turns)
+        parsers = choose(ProxySettings(), tok.chat_template)
         self.builder = TrajectoryBuilder(
             tokenizer=tok,
             messages=list(FIRST),
             tools=[{"type": "function", "function": spec} for spec in self.tools.specs],
             history=history,  # type: ignore[arg-type]
-            chat_template_kwargs=template or None,
+            # As the agent handler: the family's template kwargs unless the test sets its own.
+            chat_template_kwargs=template or dict(parsers.template_kwargs) or None,
         )
         self.episode: Episode = asyncio.run(
             run_episode(
@@ -69,7 +71,7 @@ class Run:
                 tools=self.tools,
                 sampling=SamplingParams(max_tokens=300),
                 budgets=Budgets(max_turns=len(turns)),
-                parsers=choose(ProxySettings(), tok.chat_template),
+                parsers=parsers,
             )
         )
 
@@ -183,7 +185,11 @@ def test_llama3_json_calls_and_a_template_that_rewrites_nothing(family_tokenizer
 
 
 def test_deepseek_r1_reasoning_split_one_segment_under_exact(family_tokenizer: Callable[[str], Any]) -> None:
-    # Thinking on: the generation prompt opens <think>, the model's text starts inside its reasoning.
+    # Thinking on by the family's default (llama.cpp's copy of the template closes <think> without
+    # enable_thinking): the generation prompt opens <think>, the model's text starts inside its reasoning.
+    assert choose(ProxySettings(), family_tokenizer("deepseek-r1").chat_template).template_kwargs == {
+        "enable_thinking": True
+    }
     turns = [
         "I should echo a.\n</think>\n\n" + hermes("echo", '{"text": "a"}'),
         "Now b.\n</think>\n\nEchoing b." + hermes("echo", '{"text": "b"}'),
@@ -206,6 +212,23 @@ def test_deepseek_r1_reasoning_split_one_segment_under_exact(family_tokenizer: C
         "the template renders the earlier turns differently once a reply follows them"
     ]
     template.check_token_exact()
+
+
+def test_deepseek_r1_with_thinking_off_reads_the_reply_as_content(family_tokenizer: Callable[[str], Any]) -> None:
+    # A prompt that closed the think block (enable_thinking false) makes the reply content, as the
+    # proxy reads it: nothing is split off as reasoning, and the call in it is still read.
+    # (One turn: after a tool result this template writes no generation prompt at all.)
+    run = Run(
+        family_tokenizer("deepseek-r1"),
+        ["Echoing a.\n" + hermes("echo", '{"text": "a"}')],
+        "exact",
+        enable_thinking=False,
+    )
+    assert run.tok.decode(run.llm.prompts[0]).rstrip().endswith("</think>")
+    assert run.tools.calls == [("echo", {"text": "a"})]
+    reply = run.builder.messages[2]
+    assert reply["content"] == "Echoing a.\n" and "reasoning_content" not in reply, reply
+    run.check_token_exact()
 
 
 def test_a_template_that_describes_the_tools_leaves_the_system_prompt_to_the_intro(
