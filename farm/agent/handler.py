@@ -235,6 +235,8 @@ class AgentHandler(TaskHandler[ConfigT, AgentStateT]):
                 messages=messages,
                 tools=[{"type": "function", "function": spec} for spec in raw] or None,
                 history=ctx.history,
+                # The family's template kwargs (DeepSeek-R1: thinking on), as ``llm.parsers`` reads the replies.
+                chat_template_kwargs=dict(parsers.template_kwargs) or None,
             )
         )
         setup_s = time.monotonic() - started

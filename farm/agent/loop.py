@@ -42,6 +42,7 @@ from farm.llm.session import until_cancelled
 from farm.llm.trajectory import TokenTrajectory, TrajectoryBuilder
 from farm.llm.types import FinishReason, GenerateResult, SamplingParams
 from farm.proxy.parsers import ParserNames
+from farm.proxy.reasoning_formats import PROMPT_TAIL_IDS
 from farm.tools.base import ToolResult
 
 #: the tool that ends an episode (``SUBMIT``); the shipped handlers all add it.
@@ -267,7 +268,7 @@ async def run_episode(
             clock.model_s += time.monotonic() - t0
 
         text = builder.text_of(result)
-        turn = reader.read(text)
+        turn = reader.read(text, prompt_tail=_prompt_tail(builder, prompt, reader))
         builder.add_completion(result, turn.message)
         episode.turns += 1
         episode.sampled_tokens += len(result.token_ids)
@@ -324,3 +325,11 @@ async def run_episode(
         except TemplateRefused as exc:
             # The policy wrote what its family's template cannot render (two calls where it takes one).
             return end(Outcome.AGENT_ERROR, str(exc))
+
+
+def _prompt_tail(builder: TrajectoryBuilder, prompt: list[int], reader: TurnReader) -> str:
+    """The prompt's last text, where a reasoning parser reads the reply: whether the template closed
+    the think block (DeepSeek-R1's llama.cpp copy without ``enable_thinking``), as the proxy asks."""
+    if reader.parsers.reasoning == "none":
+        return ""
+    return str(builder.tokenizer.decode(prompt[-PROMPT_TAIL_IDS:], skip_special_tokens=False))

@@ -94,9 +94,11 @@ class TurnReader:
     def _shape(self) -> str:
         return CALL_SHAPES.get(self.parsers.tool_calls, self.parsers.tool_calls)
 
-    def read(self, text: str) -> ReadTurn:
-        """The turn's message, calls and errors (calls are read only where the episode has tools)."""
-        reasoning = reasoning_parser(self.parsers.reasoning)
+    def read(self, text: str, *, prompt_tail: str = "") -> ReadTurn:
+        """The turn's message, calls and errors (calls are read only where the episode has tools).
+        ``prompt_tail``: the prompt's last text; one that closed the think block makes the whole
+        reply content, as the proxy reads it (``farm.proxy.parsers.reasoning_parser``)."""
+        reasoning = reasoning_parser(self.parsers.reasoning, prompt_tail=prompt_tail)
         first, last = reasoning.push(text), reasoning.finish()
         thought, answer = first.reasoning + last.reasoning, first.content + last.content
         tools = tool_call_parser(self.parsers.tool_calls, parse_calls=bool(self.specs), tools=self.specs)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 #: the source distribution whose vendored llama.cpp test data the families come from.
 SDIST_PACKAGE = "llama-cpp-python"
@@ -62,6 +63,9 @@ class Family:
     tool_call_parser: str | None = None
     #: vLLM's ``--reasoning-parser`` name; None for a model that does not think.
     reasoning_parser: str | None = None
+    #: chat-template kwargs the built-in agent loop renders with, so the template prompts as the
+    #: published one does (llama.cpp's DeepSeek-R1 copy opens <think> only with enable_thinking).
+    template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     #: where the tokens, the template and the parsers were checked, and what differs from the real model.
     notes: str = ""
     #: the transformers tokenizer class recorded in tokenizer_config.json.
@@ -229,6 +233,7 @@ FAMILIES: dict[str, Family] = {
             eos_token="<｜end▁of▁sentence｜>",
             pad_token="<｜end▁of▁sentence｜>",
             reasoning_parser="deepseek_r1",
+            template_kwargs={"enable_thinking": True},
             notes=(
                 "DeepSeek-R1-Distill-Qwen-1.5B's tokenizer.json (151643-151664). Its template writes "
                 "DeepSeek-V3 tool calls (<｜tool▁calls▁begin｜>...), which are no tokens of the distill's "

@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 
 from farm.errors import TemplateFork
 from farm.llm.rendering import ChatRenderer, ChatTokenizer
+from farm.llm.tokenizer import end_of_turn_ids
 from farm.llm.types import FinishReason, GenerateResult
 from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
 
@@ -124,6 +125,8 @@ class TrajectoryBuilder:
 
     ``tools`` are in the template's shape (``{"type": "function", "function": {...}}``): a family's
     template writes them, and its own instructions for calling them, into the prompt.
+    ``eos_token_ids`` end a turn and are not its text; by default the tokenizer's eos and the ids its
+    folder's ``generation_config.json`` ends a turn with (``farm.llm.tokenizer.end_of_turn_ids``).
     """
 
     def __init__(
@@ -140,7 +143,10 @@ class TrajectoryBuilder:
         self.tools = tools
         self.history = history
         self.renderer = ChatRenderer(tokenizer, template_kwargs=chat_template_kwargs)
-        default_eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        # By default the ids the model ends a turn with: the tokenizer's eos and its generation
+        # config's (Phi-3's <|end|>), as the proxy reads them; none of them is reply text.
+        default_eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        default_eos |= end_of_turn_ids(tokenizer)
         self.eos_token_ids = frozenset(eos_token_ids if eos_token_ids is not None else default_eos)
         self.messages: list[Message] = list(messages)
         self._last_sampled: list[int] | None = None

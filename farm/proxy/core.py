@@ -42,6 +42,7 @@ from farm.proxy.events import Event, Finished, TrialContext
 from farm.proxy.generate import Generated, Generation
 from farm.proxy.parsers import ParserNames
 from farm.proxy.prepare import IdCache, Prepared, Preparer, check_chat, sampling_params, with_tool_names
+from farm.proxy.reasoning_formats import PROMPT_TAIL_IDS
 from farm.proxy.recording import call_finish, call_start
 from farm.trials import statements, store
 from farm.trials.recorder import CallRecorder
@@ -55,9 +56,6 @@ KEY_CACHE_S = 30.0
 #: how often the count of recorded calls goes to Redis (a round trip per call cost as much CPU as
 #: the call's own statements).
 COUNT_EVERY_S = 1.0
-#: the prompt's last ids decoded to see whether the template closed the reasoning (a closed empty
-#: think block is at most a few ids in every family's template).
-PROMPT_TAIL_IDS = 8
 #: renderers kept for distinct per-request template kwargs (the oldest goes first).
 MAX_KWARG_RENDERERS = 32
 

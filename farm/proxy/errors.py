@@ -15,6 +15,7 @@ from farm.errors import (
     InvalidSpec,
     NoBackendAvailable,
     ProxyError,
+    TemplateRefused,
     TrialEnded,
     TrialNotFound,
     Unauthorized,
@@ -94,6 +95,12 @@ def proxy_error(exc: FarmError) -> ProxyError:
     return ProxyError(500, message, code="internal_error")
 
 
+def refused(exc: TemplateRefused) -> ProxyError:
+    """A conversation the chat template will not render (Llama 3.1's takes one tool call per reply):
+    the harness's to change, so a 400 with the template's own words, not a 500."""
+    return ProxyError(400, str(exc), param="messages", code="template_refused")
+
+
 async def translated(events: AsyncIterator[T]) -> AsyncIterator[T]:
     """``events`` with every failure turned into a ProxyError (a bug is a 500 in the format's shape)."""
     try:
@@ -103,5 +110,7 @@ async def translated(events: AsyncIterator[T]) -> AsyncIterator[T]:
         raise
     except FarmError as exc:
         raise proxy_error(exc) from exc
+    except TemplateRefused as exc:
+        raise refused(exc) from exc
     except Exception as exc:
         raise unexpected(exc) from exc

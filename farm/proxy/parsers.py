@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from farm.config import ProxySettings
 from farm.errors import ConfigError
@@ -76,10 +76,13 @@ P = TypeVar("P")
 
 @dataclass(frozen=True)
 class ParserNames:
-    """Which parsers read a trial's answers."""
+    """Which parsers read a trial's answers, and the chat-template kwargs the family's default is
+    (``Family.template_kwargs``: the built-in agent loop renders with them; a proxy call has its
+    harness's own switch, ``farm.proxy.template_kwargs``)."""
 
     tool_calls: str = "hermes"
     reasoning: str = "none"
+    template_kwargs: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
 
 
 def template_key(chat_template: str) -> str:
@@ -113,6 +116,7 @@ def choose(settings: ProxySettings, chat_template: str | None) -> ParserNames:
     names = ParserNames(
         tool_calls=settings.tool_parser or (family and family.tool_call_parser) or "hermes",
         reasoning=settings.reasoning_parser or (family and family.reasoning_parser) or "none",
+        template_kwargs=dict(family.template_kwargs) if family is not None else {},
     )
     _make(TOOL_CALL_PARSERS, names.tool_calls, "tool-call")
     _make(REASONING_PARSERS, names.reasoning, "reasoning")

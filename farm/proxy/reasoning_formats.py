@@ -23,6 +23,9 @@ from farm.proxy.toolparse.scan import first_of, partial_tail
 
 THINK = "<think>"
 END_THINK = "</think>"
+#: the prompt's last ids decoded to see whether the template closed the reasoning (a closed empty
+#: think block is at most a few ids in every family's template).
+PROMPT_TAIL_IDS = 8
 
 
 def prompt_ends_reasoning(prompt_tail: str) -> bool:

@@ -26,12 +26,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from farm.errors import FarmError, ProxyError
+from farm.errors import FarmError, ProxyError, TemplateRefused
 from farm.proxy import anthropic_messages, bounds
 from farm.proxy.anthropic_messages import AnthropicMessagesFormat
 from farm.proxy.conversation import ChatRequest, CompletionRequest
 from farm.proxy.core import ProxyCore
-from farm.proxy.errors import invalid, proxy_error, translated, unexpected
+from farm.proxy.errors import invalid, proxy_error, refused, translated, unexpected
 from farm.proxy.events import Event, Finished, TrialContext
 from farm.proxy.openai_chat import OpenAIChatFormat
 from farm.proxy.openai_completions import OpenAICompletionsFormat
@@ -232,6 +232,8 @@ def proxy_routes(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pr
             return error_response(exc, FORMATS["/messages"])
         except FarmError as exc:
             return error_response(proxy_error(exc), FORMATS["/messages"])
+        except TemplateRefused as exc:
+            return error_response(refused(exc), FORMATS["/messages"])
         except Exception as exc:  # a bug
             return error_response(unexpected(exc), FORMATS["/messages"])
 

@@ -12,11 +12,12 @@ from typing import Any
 
 from farm.agent.loop import Budgets, Episode, run_episode
 from farm.agent.toolbox import ToolSpecs, system_prompt
+from farm.agent.turns import TurnReader
 from farm.config import ProxySettings
 from farm.constants import Outcome
 from farm.llm.rendering import ChatRenderer
 from farm.llm.trajectory import TokenSegment, TrajectoryBuilder
-from farm.llm.types import SamplingParams
+from farm.llm.types import FinishReason, GenerateResult, SamplingParams
 from farm.proxy.parsers import choose
 from farm.testing import ScriptedLLM
 from farm.tools.base import ToolResult
@@ -54,12 +55,14 @@ class Run:
         self.tok, self.turns = tok, turns
         self.tools = EchoTools()
         self.llm = ScriptedLLM(tok, turns)
+        parsers = choose(ProxySettings(), tok.chat_template)
         self.builder = TrajectoryBuilder(
             tokenizer=tok,
             messages=list(FIRST),
             tools=[{"type": "function", "function": spec} for spec in self.tools.specs],
             history=history,  # type: ignore[arg-type]
-            chat_template_kwargs=template or None,
+            # As the agent handler: the family's template kwargs unless the test sets its own.
+            chat_template_kwargs=template or dict(parsers.template_kwargs) or None,
         )
         self.episode: Episode = asyncio.run(
             run_episode(
@@ -68,7 +71,7 @@ class Run:
                 tools=self.tools,
                 sampling=SamplingParams(max_tokens=300),
                 budgets=Budgets(max_turns=len(turns)),
-                parsers=choose(ProxySettings(), tok.chat_template),
+                parsers=parsers,
             )
         )
 
@@ -182,7 +185,11 @@ def test_llama3_json_calls_and_a_template_that_rewrites_nothing(family_tokenizer
 
 
 def test_deepseek_r1_reasoning_split_one_segment_under_exact(family_tokenizer: Callable[[str], Any]) -> None:
-    # Thinking on: the generation prompt opens <think>, the model's text starts inside its reasoning.
+    # Thinking on by the family's default (llama.cpp's copy of the template closes <think> without
+    # enable_thinking): the generation prompt opens <think>, the model's text starts inside its reasoning.
+    assert choose(ProxySettings(), family_tokenizer("deepseek-r1").chat_template).template_kwargs == {
+        "enable_thinking": True
+    }
     turns = [
         "I should echo a.\n</think>\n\n" + hermes("echo", '{"text": "a"}'),
         "Now b.\n</think>\n\nEchoing b." + hermes("echo", '{"text": "b"}'),
@@ -207,6 +214,23 @@ def test_deepseek_r1_reasoning_split_one_segment_under_exact(family_tokenizer: C
     template.check_token_exact()
 
 
+def test_deepseek_r1_with_thinking_off_reads_the_reply_as_content(family_tokenizer: Callable[[str], Any]) -> None:
+    # A prompt that closed the think block (enable_thinking false) makes the reply content, as the
+    # proxy reads it: nothing is split off as reasoning, and the call in it is still read.
+    # (One turn: after a tool result this template writes no generation prompt at all.)
+    run = Run(
+        family_tokenizer("deepseek-r1"),
+        ["Echoing a.\n" + hermes("echo", '{"text": "a"}')],
+        "exact",
+        enable_thinking=False,
+    )
+    assert run.tok.decode(run.llm.prompts[0]).rstrip().endswith("</think>")
+    assert run.tools.calls == [("echo", {"text": "a"})]
+    reply = run.builder.messages[2]
+    assert reply["content"] == "Echoing a.\n" and "reasoning_content" not in reply, reply
+    run.check_token_exact()
+
+
 def test_a_template_that_describes_the_tools_leaves_the_system_prompt_to_the_intro(
     family_tokenizer: Callable[[str], Any], tiny_tokenizer: Any
 ) -> None:
@@ -221,3 +245,22 @@ def test_a_template_that_describes_the_tools_leaves_the_system_prompt_to_the_int
     )
     coder = system_prompt("Do it.", ToolSpecs(specs, call_format="qwen3_coder"))
     assert "<function=NAME>" in coder and "## echo" in coder
+
+
+def test_phi3_reply_ends_at_its_end_of_turn_id_not_in_the_recorded_text(family_tokenizer: Callable[[str], Any]) -> None:
+    # Phi-3 ends a turn with <|end|> (generation_config.json), not its tokenizer's eos <|endoftext|>:
+    # a reply stopped there is recorded without it, as the proxy answers it.
+    tok = family_tokenizer("phi-3")
+    end = tok.convert_tokens_to_ids("<|end|>")
+    assert end != tok.eos_token_id
+    builder = TrajectoryBuilder(tokenizer=tok, messages=[{"role": "user", "content": "hi"}])
+    ids = [*tok.encode("Hello there.", add_special_tokens=False), end]
+    result = GenerateResult(
+        token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=FinishReason.STOP, prompt_tokens=1, backend_id="b"
+    )
+    text = builder.text_of(result)
+    turn = TurnReader(choose(ProxySettings(), tok.chat_template)).read(text)
+    assert builder.add_completion(result, turn.message) == text == "Hello there."
+    assert builder.messages[-1] == {"role": "assistant", "content": "Hello there."}
+    # The sampled ids are kept whole: <|end|> is the model's, with its logprob and mask 1.
+    assert builder.build().token_ids[-len(ids) :] == ids

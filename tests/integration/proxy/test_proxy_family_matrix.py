@@ -126,3 +126,49 @@ def test_family_conversation_is_token_exact(farm: FamilyFarm, fmt: str, streamed
         new = [c for c in later if c["extends"] is None]
         assert record["segments"] == 1 + len(new)
         assert all(c["reason"].startswith("the template renders") for c in new), new
+
+
+def _two_calls(fmt: str) -> dict[str, Any]:
+    """A history whose assistant reply made two tool calls at once, as ``fmt`` writes it."""
+    args = '{"command": "ls"}'
+    if fmt == "chat/completions":
+        calls = [{"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": args}} for i in (1, 2)]
+        results = [{"role": "tool", "tool_call_id": f"c{i}", "content": "ok"} for i in (1, 2)]
+        return {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": calls}, *results]}
+    if fmt == "responses":
+        items: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+        items += [{"type": "function_call", "call_id": f"c{i}", "name": "bash", "arguments": args} for i in (1, 2)]
+        items += [{"type": "function_call_output", "call_id": f"c{i}", "output": "ok"} for i in (1, 2)]
+        return {"input": items}
+    uses = [{"type": "tool_use", "id": f"c{i}", "name": "bash", "input": {"command": "ls"}} for i in (1, 2)]
+    results = [{"type": "tool_result", "tool_use_id": f"c{i}", "content": "ok"} for i in (1, 2)]
+    return {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": uses},
+            {"role": "user", "content": results},
+        ]
+    }
+
+
+@pytest.mark.parametrize("fmt", ["chat/completions", "responses", "messages", "messages/count_tokens"])
+def test_a_conversation_the_template_refuses_is_the_format_s_400(farm: FamilyFarm, fmt: str) -> None:
+    # Llama 3.1's template raises on a reply with two tool calls: the harness's to change, not a 500.
+    if farm.plan.family != "llama3":
+        pytest.skip("only Llama 3.1's template refuses two tool calls in one reply")
+    resp = farm.api.post("/v1/trials", json={})
+    assert resp.status_code == 201, resp.text
+    trial = resp.json()
+    answer = farm.api.post(
+        f"{trial['openai_base_url']}/{fmt}",
+        json={"model": "m", "max_tokens": 4, **_two_calls(fmt)},
+        headers={"Authorization": f"Bearer {trial['key']}"},
+    )
+    assert answer.status_code == 400, answer.text
+    error = answer.json()
+    assert "template refuses" in error["error"]["message"] and "tool" in error["error"]["message"], error
+    if fmt.startswith("messages"):
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", error
+    else:
+        assert error["error"]["type"] == "invalid_request_error" and error["error"]["code"] == "template_refused"
+    assert farm.api.post(f"/v1/trials/{trial['id']}/end").status_code == 200

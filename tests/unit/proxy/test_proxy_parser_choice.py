@@ -25,8 +25,11 @@ def test_a_family_chooses_its_parsers() -> None:
     chosen = {name: choose(ProxySettings(family=name), None) for name in ("qwen3", "llama3", "deepseek-r1")}
     assert chosen["qwen3"] == ParserNames(tool_calls="hermes", reasoning="qwen3")
     assert chosen["llama3"] == ParserNames(tool_calls="llama3_json", reasoning="none")
-    # vLLM serves DeepSeek-R1 without a tool-call parser: hermes, as for any model
-    assert chosen["deepseek-r1"] == ParserNames(tool_calls="hermes", reasoning="deepseek_r1")
+    # vLLM serves DeepSeek-R1 without a tool-call parser: hermes, as for any model; the built-in loop
+    # renders its (llama.cpp) template with thinking on, as the published one prompts.
+    assert chosen["deepseek-r1"] == ParserNames(
+        tool_calls="hermes", reasoning="deepseek_r1", template_kwargs={"enable_thinking": True}
+    )
 
 
 def test_the_settings_name_the_parsers_over_the_family() -> None:
