@@ -366,8 +366,9 @@ def normal_call(http: httpx.Client, trial: dict[str, Any]) -> int:
     return resp.status_code
 
 
-def fuzz_route(http: httpx.Client, trial: dict[str, Any], route: str, cases: int, tally: Tally) -> None:
-    """``cases`` generated bodies posted to the trial's ``route``, each tallied."""
+def fuzz_route(http: httpx.Client, bases: list[str], key: str, route: str, cases: int, tally: Tally) -> None:
+    """``cases`` generated bodies posted to ``route`` under each of the trial's ``bases`` in turn
+    (the API's proxy routes and ``farm proxy``'s), each tallied."""
 
     @settings(
         max_examples=cases,
@@ -379,7 +380,7 @@ def fuzz_route(http: httpx.Client, trial: dict[str, Any], route: str, cases: int
     )
     @given(raw=request_body(route))
     def fuzz(raw: bytes) -> None:
-        send(http, trial["openai_base_url"], trial["key"], route, raw, tally)
+        send(http, bases[tally.cases % len(bases)], key, route, raw, tally)
 
     fuzz()
 
@@ -392,15 +393,18 @@ def test_the_proxy_survives_fuzzing_on_every_route(fuzz_stack: EmbeddedStack) ->
         warm = new_trial(fuzz_stack)
         assert normal_call(http, warm) == 200  # imports done, the model loaded, before the first figure
         before = rss_by_process(fuzz_stack)
+        farm_proxy = f"http://127.0.0.1:{fuzz_stack.settings.proxy.port}"  # the node's own, beside the API's
         for route in ROUTES:
             trial = new_trial(fuzz_stack)  # a trial per route: one route's failed calls do not end another's
 
-            fuzz_route(http, trial, route, per_route, tally)
+            bases = [trial["openai_base_url"], f"{farm_proxy}/proxy/{trial['id']}/v1"]
+            fuzz_route(http, bases, trial["key"], route, per_route, tally)
         seconds = time.monotonic() - started
         after_trial = new_trial(fuzz_stack)
         after_status = normal_call(http, after_trial)
         after = rss_by_process(fuzz_stack)
-    print(f"\nproxy fuzz: {tally.cases} cases in {seconds:.0f} s over {len(ROUTES)} routes")
+    where = f"{len(ROUTES)} routes, half through the API and half through farm proxy"
+    print(f"\nproxy fuzz: {tally.cases} cases in {seconds:.0f} s over {where}")
     for route in ROUTES:
         counts = sorted((status, n) for (r, status), n in tally.statuses.items() if r == route)
         print(f"proxy fuzz: {route}: " + ", ".join(f"{status} x{n}" for status, n in counts))
