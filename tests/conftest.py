@@ -29,6 +29,7 @@ FAMILIES_DIR = Path(os.environ.get("FARM_FAMILIES_DIR") or DEFAULT_CACHE_DIR)
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-vllm", action="store_true", help="run tests against a real vLLM CPU server")
     parser.addoption("--run-fuzz", action="store_true", help="fuzz the API with schemathesis (minutes)")
+    parser.addoption("--run-proxy-fuzz", action="store_true", help="fuzz the proxy's routes with hypothesis (minutes)")
     parser.addoption("--run-crash", action="store_true", help="run the crash tests (tests/crash: real faults, minutes)")
     parser.addoption(
         "--run-matrix",
@@ -60,6 +61,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="vLLM test: opt in with --run-vllm (docs/operations.md, Tests)"))
         if item.get_closest_marker("fuzz") and not config.getoption("--run-fuzz"):
             item.add_marker(pytest.mark.skip(reason="fuzz test: opt in with --run-fuzz (docs/operations.md, Tests)"))
+        if item.get_closest_marker("proxy_fuzz") and not config.getoption("--run-proxy-fuzz"):
+            item.add_marker(
+                pytest.mark.skip(reason="proxy fuzz test: opt in with --run-proxy-fuzz (docs/operations.md)")
+            )
         if item.get_closest_marker("harness") and not config.getoption("--run-harness"):
             item.add_marker(
                 pytest.mark.skip(reason="real harness test (installs it, minutes): opt in with --run-harness")

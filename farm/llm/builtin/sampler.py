@@ -49,6 +49,9 @@ def sample_token(
             probs = torch.softmax(sorted_logits, dim=-1)
             # Drop a token when the tokens ranked before it already cover top_p; the first always stays.
             drop = (probs.cumsum(-1) - probs) >= params.top_p
+            # Said, not left to the sums: a top_p below float32's least (1e-300) compares as 0, which
+            # would drop every token and leave nothing to sample (the proxy fuzz found it: a 502).
+            drop[0] = False
             scaled = scaled.scatter(0, order[drop], float("-inf"))
         probs = torch.softmax(scaled, dim=-1)
         token = int(torch.multinomial(probs, 1, generator=generator).item())

@@ -185,6 +185,16 @@ def test_nan_or_infinity_in_a_responses_tool_is_a_400(trial: dict[str, Any], str
     assert_serves_on(trial)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_top_p_too_small_for_float32_is_served(trial: dict[str, Any], stream: bool) -> None:
+    # Found by the proxy fuzz (test_proxy_fuzz.py): a top_p of 1e-300 is within (0, 1] but rounds
+    # to 0 in the sampler's float32, which dropped every token: a 502 from a valid request.
+    body = {"messages": USER, "temperature": 1.0, "top_p": 1e-300, "stream": stream}
+    resp = post(trial, "chat/completions", body)
+    assert resp.status_code == 200, resp.text
+    assert "upstream_error" not in resp.text, resp.text
+
+
 def test_a_nul_in_a_message_or_key_is_served_as_text(trial: dict[str, Any]) -> None:
     # A model may write a NUL (the tiny one does) and its harness send it back: text, not an error.
     resp = post(
