@@ -156,19 +156,21 @@ def _claim(rt: FarmRuntime, stage: Stage, job_id: int, worker: str) -> claims.Cl
         "stage": stage,
         "node": settings.node,
         "worker": worker,
-        "now": utcnow(),
         "lease_s": settings.lease_s,
         "samplings": rt.samplings,
     }
 
     def claim() -> claims.Claim:
+        # The time of each try: a claim granted after waiting out the database leases the stage from
+        # then, not from the first try (a lease already lapsed would be swept and the stage run twice).
+        now = utcnow()
         if (autocommit := rt.autocommit()) is not None:
             with autocommit.connect() as conn:
-                granted = claims.claim_next(conn, **common)
+                granted = claims.claim_next(conn, now=now, **common)
             if granted is not None:
                 return granted
         with rt.engine.begin() as session:
-            return claims.claim_stage(session, max_attempts=settings.max_attempts, **common)
+            return claims.claim_stage(session, max_attempts=settings.max_attempts, now=now, **common)
 
     return _waiting_out(rt, claim, f"job {job_id} {stage.value}: claim")
 

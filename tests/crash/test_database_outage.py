@@ -129,11 +129,12 @@ def test_a_full_database_costs_time_not_attempts(make_farm, crash_db: str):
         batch = client.submit([echo(i) for i in range(JOBS)])
     trainer = Trainer(farm, batch.id)
     with every_free_connection(crash_db) as taken:
-        # Workers that start now find no connection at all: each claim waits for one.
+        # Workers that start now find no connection at all: each claim waits for one, longer than a
+        # lease and its grace (3 s each here), so a claim that leased from its first try would be swept.
         start_workers(farm)
-        time.sleep(8.0)
+        time.sleep(12.0)
         assert not trainer.results, "no stage can have completed without a connection"
-    farm.faults["database_full_8s"] += 1
+    farm.faults["database_full_12s"] += 1
     trainer.join(DEADLINE_S)
     check_once_each(trainer, batch.job_ids)
     attempts = stage_runs(crash_db, batch.id)
