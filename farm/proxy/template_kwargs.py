@@ -1,10 +1,10 @@
 """A request's chat-template kwargs: the per-request thinking switch of each format, checked and bounded.
 
 - Chat Completions: ``chat_template_kwargs`` (as vLLM accepts it), e.g. ``{"enable_thinking": false}``.
-- Anthropic Messages: ``thinking``: ``{"type": "enabled", "budget_tokens": N}`` is ``enable_thinking:
-  true``, ``{"type": "disabled"}`` is ``enable_thinking: false`` (the budget is checked as Anthropic
-  checks it, at least 1024 and below ``max_tokens``; ``max_tokens`` bounds the answer, reasoning
-  included).
+- Anthropic Messages: ``thinking``: ``{"type": "enabled", "budget_tokens": N}`` and ``{"type":
+  "adaptive"}`` (Claude 4.6 and later) are ``enable_thinking: true``, ``{"type": "disabled"}`` is
+  ``enable_thinking: false`` (the budget is checked as Anthropic checks it, at least 1024 and below
+  ``max_tokens``; ``max_tokens`` bounds the answer, reasoning included).
 - Responses: ``reasoning.effort``: ``"none"`` is ``enable_thinking: false``, any other effort
   (``minimal`` to ``xhigh``) ``true``; no effort leaves the template's default.
 
@@ -95,8 +95,11 @@ def from_anthropic_thinking(value: Any, *, max_tokens: int) -> dict[str, Any]:
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "disabled":
         return {"enable_thinking": False}
+    if kind == "adaptive":
+        # Claude 4.6 and later (what Claude Code sends): the model decides how much to think; no budget.
+        return {"enable_thinking": True}
     if kind != "enabled":
-        raise ProxyError(400, "thinking.type: must be 'enabled' or 'disabled'", param="thinking.type")
+        raise ProxyError(400, "thinking.type: must be 'enabled', 'adaptive' or 'disabled'", param="thinking.type")
     budget = value.get("budget_tokens")
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < ANTHROPIC_MIN_BUDGET:
         raise ProxyError(

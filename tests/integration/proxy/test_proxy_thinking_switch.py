@@ -110,6 +110,10 @@ def test_anthropic_thinking_disabled_and_enabled(trial: dict[str, Any]) -> None:
         model="m", max_tokens=2048, messages=PROMPT, thinking={"type": "enabled", "budget_tokens": 1024}
     )
     assert [b.type for b in on.content] == ["thinking", "text"]
+    # Claude 4.6's adaptive thinking (what Claude Code sends): on, with no budget to check.
+    body: Any = {"type": "adaptive"}
+    adaptive = client.messages.create(model="m", max_tokens=32, messages=PROMPT, thinking=body)
+    assert [b.type for b in adaptive.content] == ["thinking", "text"]
 
 
 def test_responses_reasoning_effort_none_turns_thinking_off(trial: dict[str, Any], tok: Any) -> None:
