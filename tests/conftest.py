@@ -29,12 +29,14 @@ FAMILIES_DIR = Path(os.environ.get("FARM_FAMILIES_DIR") or DEFAULT_CACHE_DIR)
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-vllm", action="store_true", help="run tests against a real vLLM CPU server")
     parser.addoption("--run-fuzz", action="store_true", help="fuzz the API with schemathesis (minutes)")
-    parser.addoption("--run-proxy-fuzz", action="store_true", help="fuzz the proxy's routes with hypothesis (minutes)")
+    parser.addoption(
+        "--run-proxy-fuzz", action="store_true", help="the proxy's fuzzer and hostile-input tests (minutes)"
+    )
     parser.addoption("--run-crash", action="store_true", help="run the crash tests (tests/crash: real faults, minutes)")
     parser.addoption(
         "--run-matrix",
         action="store_true",
-        help="run every cell of the proxy's family matrix (two run anyway)",
+        help="run the model-family suite: every cell of the proxy's family matrix (two run anyway) and the qwen3 tests",
     )
     parser.addoption("--run-verl", action="store_true", help="run the verl bridge against verl in its own venv")
     parser.addoption(
@@ -62,15 +64,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("fuzz") and not config.getoption("--run-fuzz"):
             item.add_marker(pytest.mark.skip(reason="fuzz test: opt in with --run-fuzz (docs/operations.md, Tests)"))
         if item.get_closest_marker("proxy_fuzz") and not config.getoption("--run-proxy-fuzz"):
-            item.add_marker(
-                pytest.mark.skip(reason="proxy fuzz test: opt in with --run-proxy-fuzz (docs/operations.md)")
-            )
+            item.add_marker(pytest.mark.skip(reason="proxy fuzz or hostile-input test: opt in with --run-proxy-fuzz"))
         if item.get_closest_marker("harness") and not config.getoption("--run-harness"):
             item.add_marker(
                 pytest.mark.skip(reason="real harness test (installs it, minutes): opt in with --run-harness")
             )
         if item.get_closest_marker("matrix") and not config.getoption("--run-matrix"):
-            item.add_marker(pytest.mark.skip(reason="family matrix cell (two run anyway): opt in with --run-matrix"))
+            item.add_marker(pytest.mark.skip(reason="model-family suite: opt in with --run-matrix"))
         if item.get_closest_marker("verl") and not config.getoption("--run-verl"):
             item.add_marker(pytest.mark.skip(reason="verl test: opt in with --run-verl (scripts/setup_verl.sh)"))
         if item.get_closest_marker("slurm") and not config.getoption("--run-slurm"):

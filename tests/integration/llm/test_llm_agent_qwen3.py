@@ -53,6 +53,10 @@ class Backend:
         return result
 
 
+# The model-family suite (--run-matrix, which .ci/run passes): the default suite keeps to its time.
+pytestmark = pytest.mark.matrix
+
+
 @pytest.fixture(scope="module")
 def qwen3_server(
     family_model_dir: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory

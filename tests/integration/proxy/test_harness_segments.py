@@ -22,7 +22,8 @@ from tests.integration.proxy.conftest import Qwen3Scripted
 
 #: A stack of its own with the qwen3 model, two harness jobs in bwrap sandboxes: ~70 s on an idle
 #: machine, past the default 120 s limit on a busy one.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(360)]
+# The model-family suite (--run-matrix, which .ci/run passes): the default suite keeps to its time.
+pytestmark = [pytest.mark.integration, pytest.mark.matrix, pytest.mark.timeout(360)]
 
 WORD = "SEGMENTSTEST"
 TURNS = [

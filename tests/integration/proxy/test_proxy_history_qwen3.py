@@ -17,7 +17,8 @@ import pytest
 from farm.embedded import EmbeddedStack
 from tests.integration.proxy.conftest import TOKEN, Qwen3Scripted
 
-pytestmark = pytest.mark.integration
+# The model-family suite (--run-matrix, which .ci/run passes): the default suite keeps to its time.
+pytestmark = [pytest.mark.integration, pytest.mark.matrix]
 
 WORD = "HISTORYTEST"
 CALL = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls"}}\n</tool_call>'

@@ -19,7 +19,8 @@ import pytest
 from farm.embedded import EmbeddedStack
 from tests.integration.conftest import side_redis_url, stack_settings
 
-pytestmark = pytest.mark.integration
+# With the fuzzer (--run-proxy-fuzz, which .ci/run passes): the default suite keeps to its time.
+pytestmark = [pytest.mark.integration, pytest.mark.proxy_fuzz]
 
 TOKEN = {"Authorization": "Bearer e2e-token"}
 USER = [{"role": "user", "content": "hi"}]

@@ -18,7 +18,8 @@ import pytest
 from farm.embedded import EmbeddedStack
 from tests.integration.proxy.conftest import TOKEN, Qwen3Scripted
 
-pytestmark = pytest.mark.integration
+# The model-family suite (--run-matrix, which .ci/run passes): the default suite keeps to its time.
+pytestmark = [pytest.mark.integration, pytest.mark.matrix]
 
 WORD = "SWITCHTEST"
 THINKING = "<think>\nplan it\n</think>\n\nhello"
