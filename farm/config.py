@@ -45,6 +45,17 @@ class DatabaseSettings(BaseModel):
     unavailable_wait_s: float = Field(default=600.0, ge=0)
     unavailable_backoff_s: float = Field(default=2.0, gt=0)
     pool_pre_ping: bool = False
+    #: server-side prepared statements: psycopg prepares a statement on a connection at its 5th
+    #: execution there, and the proxy's recorder prepares its three at once. Off behind PgBouncer in
+    #: transaction mode before 1.21 (Debian 12 ships 1.18): it hands each transaction whichever server
+    #: connection is free, which may not hold the statement (``prepared statement "_pg3_0" does not
+    #: exist``). See docs/operations.md, "PgBouncer".
+    prepared_statements: bool = True
+    #: the connections of the writes a database crash may lose without harm (claims, INIT and RUN
+    #: completions, a proxy call's pending row) ask, as they open, not to wait for the disk
+    #: (``options=-c synchronous_commit=off``). PgBouncer refuses startup options (``unsupported
+    #: startup parameter: options``): off behind it, and those commits wait for the disk like the rest.
+    startup_options: bool = True
     #: SQLite waits this long for another process's write lock before failing.
     sqlite_busy_timeout_s: float = 30.0
 

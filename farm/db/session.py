@@ -52,8 +52,10 @@ def _postgres_engine(
     connect_args: dict[str, Any] = {}
     if name:
         connect_args["application_name"] = name[:63]
-    if options:
+    if options and db.startup_options:
         connect_args["options"] = options
+    if not db.prepared_statements:
+        connect_args["prepare_threshold"] = None
     return create_engine(
         url,
         echo=db.echo,
@@ -85,7 +87,8 @@ def make_autocommit_engine(
     """PostgreSQL: an engine whose statements commit one by one, for the one-statement claims
     and completions of ``farm.db.jobs.claims`` and ``farm.db.jobs.completions``; that saves the BEGIN and
     COMMIT round trips. Unless ``durable``, its commits do not wait for the WAL to reach the disk
-    (``synchronous_commit`` off, ~2 ms less per statement): for the writes a database crash may
+    (``synchronous_commit`` off, ~2 ms less per statement; unless ``database.startup_options`` is
+    off, as behind PgBouncer, which refuses the option that asks for it): for the writes a database crash may
     lose without harm (claims, INIT and RUN completions; see ``jobrows.commit_early``). A
     completion that finishes a job goes through a durable one. None on SQLite, where every
     write goes through a transaction. (A durable one that may share a pool: ``autocommit_of``.)"""

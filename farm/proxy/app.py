@@ -44,6 +44,8 @@ def make_core(settings: Settings, *, engine: Engine, balancer: Balancer) -> Prox
         url=settings.database_url,
         # As many connections as the engines may open (their pool and its overflow).
         pool_size=2 * settings.database.pool_size,
+        prepared_statements=settings.database.prepared_statements,
+        startup_options=settings.database.startup_options,
     )
     return ProxyCore(
         settings=settings.proxy,

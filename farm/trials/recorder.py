@@ -182,11 +182,22 @@ class LoopRecorder:
 
 
 def make_recorder(
-    *, durable: Engine, early: Engine | None, executor: Executor, url: str, pool_size: int
+    *,
+    durable: Engine,
+    early: Engine | None,
+    executor: Executor,
+    url: str,
+    pool_size: int,
+    prepared_statements: bool = True,
+    startup_options: bool = True,
 ) -> CallRecorder:
     """A ``LoopRecorder`` on PostgreSQL, else a ``ThreadRecorder``. ``pool_size``: each async
-    pool's bound (as many connections as the engines may open)."""
+    pool's bound (as many connections as the engines may open); ``prepared_statements`` and
+    ``startup_options``: ``database.*`` of the same names."""
     threads = ThreadRecorder(durable=durable, early=early, executor=executor)
     if url.startswith("postgresql"):
-        return LoopRecorder(AsyncTrials(url, max_size=pool_size), threads)
+        trials = AsyncTrials(
+            url, max_size=pool_size, prepared_statements=prepared_statements, startup_options=startup_options
+        )
+        return LoopRecorder(trials, threads)
     return threads
