@@ -45,8 +45,8 @@ class DatabaseSettings(BaseModel):
     unavailable_wait_s: float = Field(default=600.0, ge=0)
     unavailable_backoff_s: float = Field(default=2.0, gt=0)
     pool_pre_ping: bool = False
-    #: server-side prepared statements: psycopg prepares a statement on a connection at its 5th
-    #: execution there, and the proxy's recorder prepares its three at once. Off behind PgBouncer in
+    #: server-side prepared statements: psycopg prepares a statement on a connection after 5
+    #: executions there, and the proxy's recorder prepares its three at once. Off behind PgBouncer in
     #: transaction mode before 1.21 (Debian 12 ships 1.18): it hands each transaction whichever server
     #: connection is free, which may not hold the statement (``prepared statement "_pg3_0" does not
     #: exist``). See docs/operations.md, "PgBouncer".

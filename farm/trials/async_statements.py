@@ -83,11 +83,9 @@ class AsyncTrials:
         #: the loop the pools were opened on: they serve no other (a test's client may run several).
         self.loop: asyncio.AbstractEventLoop | None = None
         self._opened: asyncio.Task[None]
-        #: ``prepare`` of every ``execute``: True prepares at once, None leaves it to the connection's
-        #: ``prepare_threshold`` (None: never).
-        self._prepare: bool | None = True if prepared_statements else None
         common: dict[str, Any] = {"autocommit": True, "row_factory": namedtuple_row}
         if not prepared_statements:
+            # psycopg then prepares nothing, not even an ``execute(..., prepare=True)``.
             common["prepare_threshold"] = None
         early = {**common, "options": "-c synchronous_commit=off"} if startup_options else common
         self.early: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
@@ -131,7 +129,7 @@ class AsyncTrials:
             return None
         async with self.early.connection() as conn:
             params = _PARENT.params({"trial_id": trial_id, "hashes": list(message_hashes[:-1])})
-            row = await (await conn.execute(_PARENT.sql, params, prepare=self._prepare)).fetchone()
+            row = await (await conn.execute(_PARENT.sql, params, prepare=True)).fetchone()
         return statements.parent_of(row, len(message_hashes[0])) if row is not None else None
 
     async def add_call(self, trial_id: str, start: CallStart) -> int | None:
@@ -139,7 +137,7 @@ class AsyncTrials:
         trial is not open (``statements.raise_closed`` says why)."""
         params = _ADD_CALL.params(statements.pending_params(trial_id, start))
         async with self.early.connection() as conn:
-            row = await (await conn.execute(_ADD_CALL.sql, params, prepare=self._prepare)).fetchone()
+            row = await (await conn.execute(_ADD_CALL.sql, params, prepare=True)).fetchone()
         return int(row.seq) if row is not None else None
 
     async def finish_call(self, trial_id: str, seq: int, finish: CallFinish) -> bool:
@@ -154,7 +152,7 @@ class AsyncTrials:
         params = statement.params({"_trial_id": trial_id, "_seq": seq, **values})
         async with self.durable.connection() as conn:
             try:
-                row = await (await conn.execute(statement.sql, params, prepare=self._prepare)).fetchone()
+                row = await (await conn.execute(statement.sql, params, prepare=True)).fetchone()
             except UniqueViolation:
                 return False
         return row is not None

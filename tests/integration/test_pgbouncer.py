@@ -10,6 +10,7 @@ every job done, on fewer server connections than the farm's processes hold clien
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from farm.config import Settings
 from farm.constants import JobState
 from farm.db.session import libpq_url, make_autocommit_engine, make_engine
 from farm.testing import temporary_database
+from farm.trials.async_statements import AsyncTrials
 from farm.testing.pgbouncer import PgBouncer, pgbouncer_binary, private_pgbouncer
 from tasks.math.dataset import list_problems as math_problems
 from tests.conftest import service_missing
@@ -96,6 +98,30 @@ def test_startup_options_are_refused_by_pgbouncer_unless_off(bounced_db: tuple[s
         # The cost of going without: those commits wait for the disk like every other.
         assert conn.execute(sa.text("show synchronous_commit")).scalar() == "off"  # the test database's own
     early.dispose()
+
+
+def test_the_proxy_recorders_statements_work_through_pgbouncer_only_unprepared(bounced_db: tuple[str, str]) -> None:
+    """The recorder's async pools prepare their statements at once unless told not to."""
+    _, url = bounced_db
+    hashes = [bytes([n]) * 16 for n in range(3)]
+    for on in (True, False):
+        loop = asyncio.new_event_loop()
+        trials = AsyncTrials(url, max_size=1, prepared_statements=on, startup_options=False)
+        other = psycopg.connect(libpq_url(url), autocommit=True)
+        try:
+            assert loop.run_until_complete(trials.here()) is trials
+            assert loop.run_until_complete(trials.find_parent("no-such-trial", hashes)) is None
+            with other.transaction():
+                other.execute("select 1")  # holds the server connection the first call used
+                if on:
+                    with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+                        loop.run_until_complete(trials.find_parent("no-such-trial", hashes))
+                else:
+                    assert loop.run_until_complete(trials.find_parent("no-such-trial", hashes)) is None
+        finally:
+            other.close()
+            loop.run_until_complete(trials.close())
+            loop.close()
 
 
 def echo(i: int) -> dict[str, Any]:
