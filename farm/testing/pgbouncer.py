@@ -54,7 +54,7 @@ class PgBouncer:
         return [dict(zip(header, line.split("\t"), strict=False)) for line in out[1:] if "\t" in line]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -72,7 +72,7 @@ def private_pgbouncer(server_url: str, *, pool_size: int = 20, max_client_conn: 
     server = make_url(server_url)
     user = server.username or "postgres"
     root = Path(tempfile.mkdtemp(prefix="farm-pgbouncer-"))
-    port = _free_port()
+    port = free_port()
     (root / "users.txt").write_text(f'"{user}" ""\n')
     (root / "pgbouncer.ini").write_text(
         "\n".join(

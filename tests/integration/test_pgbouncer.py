@@ -25,12 +25,12 @@ from farm.client import FarmClient
 from farm.config import Settings
 from farm.constants import JobState
 from farm.db.session import libpq_url, make_autocommit_engine, make_engine
+from farm.embedded import EmbeddedStack
 from farm.testing import temporary_database
-from farm.trials.async_statements import AsyncTrials
 from farm.testing.pgbouncer import PgBouncer, pgbouncer_binary, private_pgbouncer
+from farm.trials.async_statements import AsyncTrials
 from tasks.math.dataset import list_problems as math_problems
 from tests.conftest import service_missing
-from farm.embedded import EmbeddedStack
 from tests.integration.conftest import side_redis_url, stack_settings
 from tests.integration.proxy.test_harness_task import HARNESS
 
@@ -167,9 +167,8 @@ def test_a_mixed_batch_runs_end_to_end_through_pgbouncer(
     redis_db = side_redis_url(redis_url, 2)
     redis.Redis.from_url(redis_db).flushdb()
     settings = stack_settings(tmp_path, redis_url=redis_db, database_url=url, model_dir=tiny_model_dir, node="bounced")
-    settings = settings.model_copy(
-        update={"database": settings.database.model_copy(update={"prepared_statements": False, "startup_options": False})}
-    )
+    behind = {"prepared_statements": False, "startup_options": False}
+    settings = settings.model_copy(update={"database": settings.database.model_copy(update=behind)})
     peak = PeakConnections(bouncer, str(sa.make_url(server_url).database))
     # API, three Celery workers, the built-in backend; migrations and the backend's registration too.
     with EmbeddedStack(settings, with_flower=False, with_llm=True) as stack:
