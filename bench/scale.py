@@ -72,7 +72,7 @@ class Sampler:
     """Every 0.25 s while a batch runs: connections to the farm's database at the server, and
     PgBouncer's clients of it; CPU of the server's backends (they live as long as the pools)."""
 
-    def __init__(self, admin: sa.Engine, database: str, bouncer: PgBouncer | None) -> None:
+    def __init__(self, admin: sa.Connection, database: str, bouncer: PgBouncer | None) -> None:
         self.pg_max = self.clients_max = 0
         self.backend_cpu: dict[int, float] = {}
         self._admin, self._database, self._bouncer = admin, database, bouncer
@@ -83,12 +83,8 @@ class Sampler:
         self._thread.start()
 
     def _backends(self) -> list[tuple[int, float]]:
-        with self._admin.connect() as conn:
-            pids = list(
-                conn.execute(
-                    sa.text("select pid from pg_stat_activity where datname = :d"), {"d": self._database}
-                ).scalars()
-            )
+        query = sa.text("select pid from pg_stat_activity where datname = :d and pid <> pg_backend_pid()")
+        pids = list(self._admin.execute(query, {"d": self._database}).scalars())
         out = []
         for pid in pids:
             with contextlib.suppress(psutil.Error):
@@ -123,15 +119,14 @@ def redis_counts(client: redis.Redis) -> tuple[int, float]:
     return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-def statement_counts(admin: sa.Engine, database: str) -> tuple[int, int]:
-    with admin.connect() as conn:
-        row = conn.execute(
-            sa.text(
-                "select coalesce(sum(calls), 0), coalesce(sum(wal_bytes), 0) from pg_stat_statements s"
-                " join pg_database d on d.oid = s.dbid where d.datname = :d"
-            ),
-            {"d": database},
-        ).one()
+def statement_counts(admin: sa.Connection, database: str) -> tuple[int, int]:
+    row = admin.execute(
+        sa.text(
+            "select coalesce(sum(calls), 0), coalesce(sum(wal_bytes), 0) from pg_stat_statements s"
+            " join pg_database d on d.oid = s.dbid where d.datname = :d"
+        ),
+        {"d": database},
+    ).one()
     return int(row[0]), int(row[1])
 
 
@@ -168,7 +163,7 @@ def one_n(
     mode: str,
     api: EmbeddedStack,
     client: FarmClient,
-    admin: sa.Engine,
+    admin: sa.Connection,
     database: str,
     bouncer: PgBouncer | None,
     redis_client: redis.Redis,
@@ -180,9 +175,7 @@ def one_n(
     pgbouncer = psutil.Process(bouncer.pid) if bouncer else None
     jobs = n * jobs_per_node
     task = {"type": "echo", "config": {"text": "scale", "sleep_s": SLEEPS}}
-    with admin.connect() as conn:
-        conn.execute(sa.text("select pg_stat_statements_reset()"))
-        conn.commit()
+    admin.execute(sa.text("select pg_stat_statements_reset()"))
     # What the processes use idle (heartbeats, sweeps, the broker's polls), per process and second.
     idle0 = {kind: sum(cpu_s(p) for p in ps) for kind, ps in procs.items()}
     time.sleep(IDLE_S)
@@ -267,10 +260,10 @@ def main() -> None:
     lines: list[dict[str, Any]] = []
     options = {"max_connections": "100", "shared_preload_libraries": "pg_stat_statements"}
     with private_postgres(options) as server, tempfile.TemporaryDirectory() as tmp:
-        admin = sa.create_engine(server, poolclass=sa.pool.NullPool)
-        with admin.connect() as conn:
-            conn.execute(sa.text("create extension if not exists pg_stat_statements"))
-            conn.commit()
+        # One connection held for the whole run: at 16 nodes without PgBouncer the farm fills the server.
+        engine = sa.create_engine(server, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+        admin = engine.connect()
+        admin.execute(sa.text("create extension if not exists pg_stat_statements"))
         for mode in args.modes.split(","):
             bouncing = private_pgbouncer(server, pool_size=BOUNCER_POOL) if mode == "pgbouncer" else None
             with (
@@ -304,7 +297,8 @@ def main() -> None:
                     for stack in nodes:
                         stack.stop()
                     redis_client.close()
-        admin.dispose()
+        admin.close()
+        engine.dispose()
     emit(summary(lines))
 
 
