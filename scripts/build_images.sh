@@ -3,7 +3,8 @@
 #   - a local Debian base (scripts/build_base_image.sh; kept once built),
 #   - rollout-farm:latest from the Dockerfile on that base, with every Python wheel downloaded here first
 #     into the build context (docker/wheels/; torch is the CPU wheel pip already finds on this machine),
-#   - PostgreSQL and Redis images honouring the official images' contract (docker/postgres, docker/redis).
+#   - PostgreSQL and Redis images honouring the official images' contract (docker/postgres, docker/redis),
+#   - Debian's PgBouncer for docker-compose.pgbouncer.yml (docker/pgbouncer).
 # Then print the variables docker-compose.yml reads to use them.
 #
 #   scripts/build_images.sh > compose.env && set -a && . ./compose.env && set +a
@@ -20,6 +21,7 @@ codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
 base="${FARM_COMPOSE_BASE_IMAGE:-rollout-farm-base:$codename}"
 postgres_image=rollout-farm-postgres:15
 redis_image=rollout-farm-redis:7
+pgbouncer_image=rollout-farm-pgbouncer:1.18
 torch_spec="torch==2.13.0"
 logs=$(mktemp -d /tmp/rollout-farm-build.XXXXXX)
 trap 'rm -rf "$logs"' EXIT
@@ -50,17 +52,21 @@ build() {  # build NAME CONTEXT [DOCKERFILE]: quiet unless it fails
 }
 
 # PostgreSQL and Redis build (mostly apt downloads) while the farm image installs its Python packages.
-echo "building rollout-farm:latest, $postgres_image and $redis_image on $base" >&2
+echo "building rollout-farm:latest, $postgres_image, $redis_image and $pgbouncer_image on $base" >&2
 build "$postgres_image" docker/postgres &
 postgres_pid=$!
 build "$redis_image" docker/redis &
 redis_pid=$!
+build "$pgbouncer_image" docker/pgbouncer &
+pgbouncer_pid=$!
 status=0
 build rollout-farm:latest . || status=1
 wait "$postgres_pid" || status=1
 wait "$redis_pid" || status=1
+wait "$pgbouncer_pid" || status=1
 ((status == 0)) || exit 1
 
 echo "FARM_COMPOSE_BASE_IMAGE=$base"
 echo "FARM_COMPOSE_POSTGRES_IMAGE=$postgres_image"
 echo "FARM_COMPOSE_REDIS_IMAGE=$redis_image"
+echo "FARM_COMPOSE_PGBOUNCER_IMAGE=$pgbouncer_image"
