@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import REDIS, emit, flushed_redis, stack_settings  # noqa: E402
 from farm.client import FarmClient  # noqa: E402
 from farm.config import Settings  # noqa: E402
+from farm.db.budget import deployment  # noqa: E402
 from farm.embedded import EmbeddedStack  # noqa: E402
 from farm.metrics import read_workers  # noqa: E402
 from farm.testing import temporary_database  # noqa: E402
@@ -50,6 +51,8 @@ NODE_BOUND = min(SLOTS[s] / SLEEPS[s] for s in SLEEPS)
 #: PgBouncer's server connections for the farm's database (2-4 per PostgreSQL core is the usual advice).
 BOUNCER_POOL = 20
 KINDS = ("api", "init", "run", "eval")
+#: Debian's default: the farm's processes share it with the bench's one connection.
+MAX_CONNECTIONS = 100
 #: seconds of idle CPU measured before each batch.
 IDLE_S = 3.0
 
@@ -258,7 +261,7 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(n) for n in args.nodes.split(",")]
     lines: list[dict[str, Any]] = []
-    options = {"max_connections": "100", "shared_preload_libraries": "pg_stat_statements"}
+    options = {"max_connections": str(MAX_CONNECTIONS), "shared_preload_libraries": "pg_stat_statements"}
     with private_postgres(options) as server, tempfile.TemporaryDirectory() as tmp:
         # One connection held for the whole run: at 16 nodes without PgBouncer the farm fills the server.
         engine = sa.create_engine(server, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
@@ -277,6 +280,14 @@ def main() -> None:
                 one = None
                 try:
                     for n in counts:
+                        budget = deployment(api.settings, n).total
+                        if bouncer is None and budget >= MAX_CONNECTIONS:
+                            # Pools hold their connections once open: the processes that came last
+                            # would wait for one for as long as the others live.
+                            reason = f"budget {budget} connections > max_connections {MAX_CONNECTIONS}"
+                            lines.append({"mode": mode, "nodes": n, "skipped": reason})
+                            print(json.dumps(lines[-1]), flush=True)
+                            continue
                         add_nodes(nodes, api.settings, Path(tmp) / mode, n, redis_client)
                         line = one_n(
                             nodes=nodes,
@@ -304,14 +315,14 @@ def main() -> None:
 
 def summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
     def eff(mode: str, n: int) -> float | None:
-        return next((x["efficiency"] for x in lines if x["mode"] == mode and x["nodes"] == n), None)
+        return next((x.get("efficiency") for x in lines if x["mode"] == mode and x["nodes"] == n), None)
 
     out: dict[str, Any] = {}
     for mode in dict.fromkeys(x["mode"] for x in lines):
         suffix = "" if mode == "direct" else f"_{mode}"
         out[f"efficiency_8{suffix}"] = eff(mode, 8)
         out[f"efficiency_16{suffix}"] = eff(mode, 16)
-        out[f"max_pg_connections{suffix}"] = max(x["pg_connections_max"] for x in lines if x["mode"] == mode)
+        out[f"max_pg_connections{suffix}"] = max(x.get("pg_connections_max", 0) for x in lines if x["mode"] == mode)
     return out
 
 

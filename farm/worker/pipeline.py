@@ -16,7 +16,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import psycopg
 from celery import Celery
+from psycopg_pool import PoolTimeout
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
 
 from farm import metrics
 from farm.constants import POLICY_OUTCOMES, Outcome, Stage, batch_events_channel
@@ -79,6 +83,26 @@ def _timeout_s(rt: FarmRuntime, stage: Stage) -> float:
     return {Stage.INIT: w.init_timeout_s, Stage.RUN: w.run_timeout_s, Stage.EVAL: w.eval_timeout_s}[stage]
 
 
+def store_error(exc: BaseException) -> str | None:
+    """``"the database"`` or ``"Redis"`` when ``exc`` (or what it was raised from) is one of their
+    client's errors, else None. Handlers reach neither themselves: such an error in a stage is the
+    farm's (a proxy call's record, the balancer), whatever the handler wrapped it in."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (SQLAlchemyError, psycopg.Error, PoolTimeout)):
+            return "the database"
+        if isinstance(current, RedisError):
+            return "Redis"
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:500]
+
+
 def _context(rt: FarmRuntime, claim: claims.Claim, deadline: float, lease: Lease | None) -> StageContext:
     return StageContext(
         job_id=claim.job_id,
@@ -118,6 +142,11 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
         except FarmError as exc:
             return _retry_or_fail(rt, app, attempt, Outcome(exc.outcome), str(exc))
         except Exception as exc:
+            if (failed := store_error(exc)) is not None:
+                # The farm's database or Redis failed under the handler (a harness call's record, the
+                # balancer): the infrastructure's fault, retried like one, never the handler's bug.
+                reason = f"{failed} failed during {stage.value}: {type(exc).__name__}: {_first_line(exc)}"
+                return _retry_or_fail(rt, app, attempt, Outcome.INFRA_ERROR, reason)
             detail = "".join(traceback.format_exception(exc))[-MAX_REASON_CHARS:]
             _teardown(rt, attempt)
             return _fail(rt, app, claim, worker, Outcome.HANDLER_ERROR, f"{type(exc).__name__}: {exc}\n{detail}")

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.integration
 TEST_HANDLER_PATHS = [
     "tests.integration.test_e2e:BuggyEchoHandler",
     "tests.integration.test_e2e:WrongStateEchoHandler",
+    "tests.integration.test_e2e:StoreDownEchoHandler",
 ]
 
 

@@ -10,6 +10,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pytest
 from sqlalchemy import create_engine, func, select
+from sqlalchemy.exc import OperationalError
 
 from farm.client import FarmClient, to_arrays
 from farm.constants import BatchState, JobState, Outcome, Stage, StageStatus
@@ -121,6 +122,40 @@ def test_a_state_that_does_not_fit_fails_the_stage_that_hands_it_on(client: Farm
     # Refused where RUN hands it on, not where EVAL reads it back.
     assert [s.status for s in job.stages if s.stage is Stage.RUN] == [StageStatus.ERROR]
     assert [s.stage for s in job.stages if s.stage is Stage.EVAL] == []
+
+
+class StoreDownEchoHandler(EchoHandler):
+    """An echo whose RUN meets the farm's database failing under it for its first ``fail_attempts``
+    attempts (as a harness call's record would), wrapped in an error of the handler's own."""
+
+    async def run(self, config, state, ctx):
+        if ctx.attempt <= config.fail_attempts:
+            try:
+                raise OperationalError(
+                    "INSERT INTO trial_calls ...", {}, ConnectionError("server closed the connection")
+                )
+            except OperationalError as exc:
+                raise RuntimeError("could not record the call") from exc
+        return await super().run(config, state, ctx)
+
+
+def test_a_database_error_under_a_handler_is_retried_as_infrastructure_not_a_handler_bug(client: FarmClient):
+    kind = "tests.integration.test_e2e:StoreDownEchoHandler"
+    batch = client.submit(
+        [
+            {"type": kind, "config": {"text": "once", "fail_attempts": 1}},
+            {"type": kind, "config": {"text": "always", "fail_attempts": 9}},
+        ]
+    )
+    results = {r.job.id: r.job for r in client.results(batch.id, wait_s=10)}
+    once, always = (client.job(job_id) for job_id in batch.job_ids)
+    assert once.state is JobState.DONE and once.outcome is Outcome.OK
+    assert [s.status for s in once.stages if s.stage is Stage.RUN] == [StageStatus.RETRY, StageStatus.OK]
+    assert always.state is JobState.FAILED and always.outcome is Outcome.INFRA_ERROR and always.reward is None
+    assert "the database failed during run: RuntimeError: could not record the call" in (always.reason or "")
+    runs = [s.status for s in always.stages if s.stage is Stage.RUN]
+    assert runs == [StageStatus.RETRY, StageStatus.RETRY, StageStatus.ERROR]
+    assert len(results) == 2
 
 
 def test_persistent_infrastructure_fault_fails_the_job_without_a_reward(client: FarmClient):

@@ -54,7 +54,7 @@ def bouncer(postgres_url: str) -> Iterator[PgBouncer]:
 @pytest.fixture
 def bounced_db(postgres_url: str, bouncer: PgBouncer) -> Iterator[tuple[str, str]]:
     """A migrated database of the test's own: (its URL on the server, the same through PgBouncer)."""
-    with temporary_database(postgres_url, prefix="farm_bouncer", wait_for_disk=False) as url:
+    with temporary_database(postgres_url, prefix="farm_bouncer") as url:
         yield url, bouncer.url_of(url)
 
 
@@ -96,7 +96,7 @@ def test_startup_options_are_refused_by_pgbouncer_unless_off(bounced_db: tuple[s
     assert early is not None
     with early.connect() as conn:
         # The cost of going without: those commits wait for the disk like every other.
-        assert conn.execute(sa.text("show synchronous_commit")).scalar() == "off"  # the test database's own
+        assert conn.execute(sa.text("show synchronous_commit")).scalar() == "on"
     early.dispose()
 
 
