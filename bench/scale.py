@@ -53,6 +53,8 @@ BOUNCER_POOL = 20
 KINDS = ("api", "init", "run", "eval")
 #: Debian's default: the farm's processes share it with the bench's one connection.
 MAX_CONNECTIONS = 100
+#: no-sleep echo jobs per node run before each timed batch, untimed.
+WARMUP_PER_NODE = 8
 #: seconds of idle CPU measured before each batch.
 IDLE_S = 3.0
 
@@ -122,6 +124,18 @@ def redis_counts(client: redis.Redis) -> tuple[int, float]:
     return calls, float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
+def top_statements(admin: sa.Connection, database: str, jobs: int) -> list[list[Any]]:
+    """The three statements run most often, per job, their text cut short."""
+    rows = admin.execute(
+        sa.text(
+            "select calls, regexp_replace(query, '\\s+', ' ', 'g') from pg_stat_statements s"
+            " join pg_database d on d.oid = s.dbid where d.datname = :d order by calls desc limit 3"
+        ),
+        {"d": database},
+    ).all()
+    return [[round(calls / jobs, 2), query[:70]] for calls, query in rows]
+
+
 def statement_counts(admin: sa.Connection, database: str) -> tuple[int, int]:
     row = admin.execute(
         sa.text(
@@ -178,6 +192,9 @@ def one_n(
     pgbouncer = psutil.Process(bouncer.pid) if bouncer else None
     jobs = n * jobs_per_node
     task = {"type": "echo", "config": {"text": "scale", "sleep_s": SLEEPS}}
+    # Untimed: a process's first stages pay for imports and first statements (the API's too).
+    warm = client.submit([{"type": "echo", "config": {"text": "warm"}}] * (WARMUP_PER_NODE * n))
+    assert sum(1 for _ in client.results(warm.id, page_size=500, wait_s=10)) == WARMUP_PER_NODE * n
     admin.execute(sa.text("select pg_stat_statements_reset()"))
     # What the processes use idle (heartbeats, sweeps, the broker's polls), per process and second.
     idle0 = {kind: sum(cpu_s(p) for p in ps) for kind, ps in procs.items()}
@@ -198,6 +215,7 @@ def one_n(
     bouncer_cpu = (cpu_s(pgbouncer) if pgbouncer else 0.0) - bouncer0
     calls, redis_cpu = (b - a for a, b in zip(redis0, redis_counts(redis_client), strict=True))
     statements, wal = statement_counts(admin, database)
+    top = top_statements(admin, database, jobs)
     assert done == jobs, f"only {done} of {jobs} jobs ended done"
     busy = sum(getattr(machine1, f) - getattr(machine0, f) for f in ("user", "system", "nice", "irq", "softirq"))
     wall = sum(machine1) - sum(machine0)
@@ -223,8 +241,13 @@ def one_n(
         "redis_commands_per_job": round(calls / jobs, 1),
         **per_job_ms,
         **{f"idle_cpu_ms_per_s_{k}": round(idle[k], 2) for k in KINDS},
+        # Cores the farm (its processes, PostgreSQL's backends, Redis, PgBouncer) kept busy.
+        "farm_cores": round(
+            (sum(cpu1[k] - cpu0[k] for k in KINDS) + sampler.postgres_cpu_s + redis_cpu + bouncer_cpu) / seconds, 2
+        ),
         "machine_cpu_busy": round(busy / wall, 3) if wall else None,
         "load_average_1m": round(psutil.getloadavg()[0], 1),
+        "top_statements_per_job": top,
     }
 
 
