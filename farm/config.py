@@ -51,10 +51,12 @@ class DatabaseSettings(BaseModel):
     #: connection is free, which may not hold the statement (``prepared statement "_pg3_0" does not
     #: exist``). See docs/operations.md, "PgBouncer".
     prepared_statements: bool = True
-    #: the connections of the writes a database crash may lose without harm (claims, INIT and RUN
-    #: completions, a proxy call's pending row) ask, as they open, not to wait for the disk
-    #: (``options=-c synchronous_commit=off``). PgBouncer refuses startup options (``unsupported
-    #: startup parameter: options``): off behind it, and those commits wait for the disk like the rest.
+    #: connections say, as they open, who holds them (``application_name``, as ``pg_stat_activity``
+    #: shows it) and, for the writes a database crash may lose without harm (claims, INIT and RUN
+    #: completions, a proxy call's pending row), not to wait for the disk (``options=-c
+    #: synchronous_commit=off``). PgBouncer refuses the latter (``unsupported startup parameter:
+    #: options``) and replays the former with a ``SET`` whenever a server connection changes hands
+    #: (~6 statements a job): off behind it, and those commits wait for the disk like the rest.
     startup_options: bool = True
     #: SQLite waits this long for another process's write lock before failing.
     sqlite_busy_timeout_s: float = 30.0

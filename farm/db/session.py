@@ -50,10 +50,11 @@ def _postgres_engine(
 ) -> Engine:
     db = settings.database
     connect_args: dict[str, Any] = {}
-    if name:
-        connect_args["application_name"] = name[:63]
-    if options and db.startup_options:
-        connect_args["options"] = options
+    if db.startup_options:
+        if name:
+            connect_args["application_name"] = name[:63]
+        if options:
+            connect_args["options"] = options
     if not db.prepared_statements:
         connect_args["prepare_threshold"] = None
     return create_engine(
