@@ -32,21 +32,12 @@ from farm.config import Settings
 from farm.constants import JobState
 from farm.embedded import EmbeddedStack, Service, settings_env
 from farm.errors import ApiError
+from farm.testing.postgres import pg_binary
 from tests.integration.conftest import free_port, stack_settings
 
 TOKEN = "e2e-token"
 #: how long a restarted server or API gets to answer again.
 READY_TIMEOUT_S = 60.0
-
-
-def _pg_bin(name: str) -> str:
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
-    if not candidates:
-        raise FileNotFoundError(f"{name} not found (apt-get install postgresql)")
-    return str(candidates[-1])
 
 
 def _as_postgres(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -93,7 +84,7 @@ class PrivatePostgres:
     def init(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="farm-crash-pg-"))
         shutil.chown(self.root, "postgres", "postgres")
-        _as_postgres([_pg_bin("initdb"), "-D", str(self.data_dir), "-U", "postgres", "--auth=trust", "--no-sync"])
+        _as_postgres([pg_binary("initdb"), "-D", str(self.data_dir), "-U", "postgres", "--auth=trust", "--no-sync"])
         options = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
@@ -108,11 +99,11 @@ class PrivatePostgres:
 
     def start(self) -> None:
         log = self.root / "server.log" if self.root else None
-        _as_postgres([_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-l", str(log), "-w", "-t", "60", "start"])
+        _as_postgres([pg_binary("pg_ctl"), "-D", str(self.data_dir), "-l", str(log), "-w", "-t", "60", "start"])
 
     def stop_immediate(self) -> None:
         """``pg_ctl stop -m immediate``: no checkpoint, clients cut off, crash recovery at the next start."""
-        _as_postgres([_pg_bin("pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"])
+        _as_postgres([pg_binary("pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"])
 
     def postmaster_pid(self) -> int | None:
         with contextlib.suppress(OSError, ValueError, IndexError):
