@@ -93,7 +93,11 @@ def base_layer(programs: tuple[str, ...] = DEFAULT_PROGRAMS) -> bytes:
     return buf.getvalue()
 
 
-def files_layer(files: dict[str, bytes | str], *, remove: tuple[str, ...] = ("etc/remove-me",)) -> bytes:
+#: a file's content, or its content and mode (without one, a file starting with ``#!`` is executable).
+FileData = bytes | str | tuple[bytes | str, int]
+
+
+def files_layer(files: dict[str, FileData], *, remove: tuple[str, ...] = ("etc/remove-me",)) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         dirs: set[str] = set()
@@ -105,8 +109,9 @@ def files_layer(files: dict[str, bytes | str], *, remove: tuple[str, ...] = ("et
                 if d not in dirs:
                     _add_dir(tar, d)
                     dirs.add(d)
-            raw = data.encode() if isinstance(data, str) else data
-            _add_bytes(tar, rel, raw, 0o755 if raw.startswith(b"#!") else 0o644)
+            content, mode = data if isinstance(data, tuple) else (data, None)
+            raw = content.encode() if isinstance(content, str) else content
+            _add_bytes(tar, rel, raw, mode if mode is not None else 0o755 if raw.startswith(b"#!") else 0o644)
         for name in remove:
             parent, base = os.path.split(name)
             _add_bytes(tar, os.path.join(parent, f".wh.{base}"), b"")
@@ -127,7 +132,7 @@ def _config(layers: list[bytes], env: dict[str, str], workdir: str) -> bytes:
 def host_image(
     dest: Path,
     *,
-    files: dict[str, bytes | str] | None = None,
+    files: dict[str, FileData] | None = None,
     env: dict[str, str] | None = None,
     workdir: str = "/",
     oci: bool = False,
