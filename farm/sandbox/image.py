@@ -78,7 +78,9 @@ class ImageRef:
             )
         if kind == "dockerfile" or (kind == "" and not is_layout(path)):
             dockerfile = path / "Dockerfile" if path.is_dir() else path
-            if not dockerfile.is_file():
+            # Without the prefix, only a file named like one is taken for a Dockerfile.
+            named = kind == "dockerfile" or path.is_dir() or "dockerfile" in path.name.lower()
+            if not (dockerfile.is_file() and named):
                 raise InvalidSpec(
                     f"image {ref!r}: {path} is neither an image archive or layout nor a Dockerfile (or a "
                     "directory holding one)",
@@ -111,7 +113,7 @@ def _layout_digest(path: Path) -> str:
         try:
             _DIGESTS[memo] = layout.digest
         finally:
-            layout.source.close()
+            layout.close()
     return _DIGESTS[memo]
 
 

@@ -115,6 +115,9 @@ class ImageLayout:
     def config(self) -> ImageConfig:
         return ImageConfig.from_json(self.source.json(self.config_path))
 
+    def close(self) -> None:
+        self.source.close()
+
 
 def _blob(digest: str) -> str:
     algo, _, hexdigest = digest.partition(":")
@@ -309,7 +312,7 @@ def unpack(path: Path, dest: Path, *, owner: tuple[int, int] | None) -> ImageCon
         os.chmod(dest, 0o755)
         return layout.config()
     finally:
-        layout.source.close()
+        layout.close()
 
 
 def is_layout(path: Path) -> bool:

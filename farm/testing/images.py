@@ -22,6 +22,7 @@ from pathlib import Path
 DEFAULT_PROGRAMS = (
     "bash", "sh", "cat", "ls", "mkdir", "rm", "cp", "mv", "grep", "sed", "head", "tail", "wc", "env", "id",
     "sleep", "touch", "chmod", "diff", "sort", "tr", "dirname", "basename", "true", "false", "test",
+    "readlink", "seq", "find", "stat", "printf", "kill", "ln", "xargs", "awk", "tar",
 )  # fmt: skip
 
 

@@ -38,6 +38,7 @@ def test_tb_tasks_are_shipped() -> None:
     assert NAMES == ["fix-greeting", "sort-names", "word-count"]
 
 
+@pytest.mark.images
 @pytest.mark.parametrize("name", NAMES)
 def test_harbor_image_task_solved_scores_one(name: str, tiny_tokenizer: Any, sandboxes: Any, tmp_path: Path) -> None:
     solve = (TB_TASKS / name / "solution" / "solve.sh").read_text()
@@ -46,6 +47,7 @@ def test_harbor_image_task_solved_scores_one(name: str, tiny_tokenizer: Any, san
     assert out.eval.reward == 1.0, out.eval.info
 
 
+@pytest.mark.images
 @pytest.mark.parametrize("name", NAMES)
 def test_harbor_image_task_untouched_scores_zero(
     name: str, tiny_tokenizer: Any, sandboxes: Any, tmp_path: Path
@@ -55,6 +57,7 @@ def test_harbor_image_task_untouched_scores_zero(
     assert out.eval.reward == 0.0, out.eval.info
 
 
+@pytest.mark.images
 def test_harbor_image_runs_in_the_image(tiny_tokenizer: Any, sandboxes: Any, tmp_path: Path) -> None:
     # The agent sees the image's /app and no Python (the host's is only the server's, out of its PATH).
     probe = _bash("pwd; ls /app; command -v python3 || echo no-python")
@@ -63,6 +66,7 @@ def test_harbor_image_runs_in_the_image(tiny_tokenizer: Any, sandboxes: Any, tmp
     assert "/app" in seen and "words.txt" in seen and "no-python" in seen
 
 
+@pytest.mark.images
 def test_harbor_image_verifier_dirs_are_made_fresh(tiny_tokenizer: Any, sandboxes: Any, tmp_path: Path) -> None:
     # An agent that plants a reward and its own test.sh where Harbor looks gets nothing for it.
     forge = _bash(

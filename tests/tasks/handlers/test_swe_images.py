@@ -107,6 +107,7 @@ def build_record() -> dict[str, Any]:
     return {"instance_id": "i", "repo": "r", "base_commit": "abcdef0", "problem_statement": "p", "test_cmd": "true"}
 
 
+@pytest.mark.images
 @pytest.mark.parametrize("name", sorted(REPOS))
 def test_swe_image_fix_resolves(name: str, tiny_tokenizer: Any, sandboxes: Any, tmp_path: Path) -> None:
     config = build_instance(name, tmp_path)
@@ -121,6 +122,7 @@ def test_swe_image_fix_resolves(name: str, tiny_tokenizer: Any, sandboxes: Any, 
     assert "/testbed" in seen and "M lib.sh" in seen
 
 
+@pytest.mark.images
 @pytest.mark.parametrize("name", sorted(REPOS))
 def test_swe_image_untouched_scores_zero(name: str, tiny_tokenizer: Any, sandboxes: Any, tmp_path: Path) -> None:
     config = build_instance(name, tmp_path)
@@ -133,6 +135,7 @@ def test_swe_image_untouched_scores_zero(name: str, tiny_tokenizer: Any, sandbox
     assert out.eval.info["swe"]["tests"][REPOS[name]["FAIL_TO_PASS"][0]] == "FAILED"
 
 
+@pytest.mark.images
 def test_swe_image_edited_tests_do_not_count(tiny_tokenizer: Any, sandboxes: Any, tmp_path: Path) -> None:
     # An agent that makes the failing test pass by rewriting the test itself is not resolved: the
     # hidden test_patch adds its own test, and an agent's diff touching it cannot be applied under it.
