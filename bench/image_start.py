@@ -66,8 +66,9 @@ def main() -> None:
             samples["image_cold"].append(_start_ms(settings, spec))
             samples["image_cached"].append(_start_ms(settings, spec))
             samples["host"].append(_start_ms(settings, SandboxSpec(workdir="/app")))
-        size_mb = sum(p.stat().st_size for p in Path(image).rglob("*") if p.is_file()) if Path(image).is_dir() else 0
-        size_mb = (size_mb or Path(image).stat().st_size) / 2**20
+        path = Path(image)
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+        size_mb = size / 2**20
     med = {k: statistics.median(v) for k, v in samples.items()}
     print(f"image: {image} ({size_mb:.1f} MiB), {args.runs} rounds, create -> first echo (median ms)")
     for name in ("host", "image_cached", "image_cold"):

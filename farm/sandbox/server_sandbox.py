@@ -343,7 +343,9 @@ class ServerSandbox:
         shutil.copyfile(path, staged)
         self._chown_tree(staged)
         # An image sandbox runs the host's Python through the host's loader (the record says how).
-        python, env = (self.record.python, self.record.python_env) if self.record.python else ([self._python_inside()], {})
+        python, env = (
+            (self.record.python, self.record.python_env) if self.record.python else ([self._python_inside()], {})
+        )
         result = self.run([*python, "-c", _RESTORE_SCRIPT, f"{self._run_dir_inside()}/{name}", self.workdir], env=env)
         staged.unlink(missing_ok=True)
         if not result.ok:

@@ -81,13 +81,13 @@ class _Source:
                 yield fh
             return
         try:
-            fh = self._tar.extractfile(name)
+            member: IO[bytes] | None = self._tar.extractfile(name)
         except KeyError:
-            fh = None
-        if fh is None:
+            member = None
+        if member is None:
             raise InvalidSpec(f"image {self.path} names {name}, which it does not hold", field="image")
-        with fh:
-            yield fh
+        with member:
+            yield member
 
     def json(self, name: str) -> Any:
         with self.open(name) as fh:

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
 
 #: programs the image carries (those of them this host has).
@@ -98,7 +99,7 @@ def base_layer(programs: tuple[str, ...] = DEFAULT_PROGRAMS) -> bytes:
 FileData = bytes | str | tuple[bytes | str, int]
 
 
-def files_layer(files: dict[str, FileData], *, remove: tuple[str, ...] = ("etc/remove-me",)) -> bytes:
+def files_layer(files: Mapping[str, FileData], *, remove: tuple[str, ...] = ("etc/remove-me",)) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         dirs: set[str] = set()
@@ -133,7 +134,7 @@ def _config(layers: list[bytes], env: dict[str, str], workdir: str) -> bytes:
 def host_image(
     dest: Path,
     *,
-    files: dict[str, FileData] | None = None,
+    files: Mapping[str, FileData] | None = None,
     env: dict[str, str] | None = None,
     workdir: str = "/",
     oci: bool = False,

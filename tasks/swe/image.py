@@ -153,12 +153,16 @@ class SweImageHandler(AgentHandler[SweImageConfig, SweState]):
             command = f"{tests}; ({instance.test_cmd}) > {TEST_LOG} 2>&1"
             result = sandbox.run(["bash", "-c", command], timeout_s=config.test_timeout_s)
             if result.exit_code == 90:  # the agent's diff touched what the hidden tests change
-                info = {"reason": "the hidden tests do not apply over the agent's diff", "output": result.output[-2000:]}
+                info = {
+                    "reason": "the hidden tests do not apply over the agent's diff",
+                    "output": result.output[-2000:],
+                }
                 return EvalResult(reward=0.0, metrics={"resolved": 0.0}, info={"swe": info})
             try:
                 log = sandbox.get_file(TEST_LOG).decode("utf-8", errors="replace")
             except SandboxError as exc:
                 raise SandboxError(f"the tests wrote no log: {result.output[-500:]!r}", job_id=ctx.job_id) from exc
         resolved, listed = grade(instance, parse_log(log))
-        info = {"resolved": resolved, "tests": listed, "timed_out": result.timed_out, "log_tail": log[-2000:]}
-        return EvalResult(reward=float(resolved), metrics={"resolved": float(resolved)}, info={"swe": info})
+        verdict: dict[str, Any] = {"resolved": resolved, "tests": listed, "timed_out": result.timed_out}
+        verdict["log_tail"] = log[-2000:]
+        return EvalResult(reward=float(resolved), metrics={"resolved": float(resolved)}, info={"swe": verdict})

@@ -82,7 +82,9 @@ def make_sandbox(sandbox_settings: Settings, request: pytest.FixtureRequest) -> 
         sandbox.close()
 
 
-@pytest.fixture(params=[pytest.param(d, marks=pytest.mark.images) if d == IMAGE_DRIVER else d for d in RUNNABLE_DRIVERS])
+@pytest.fixture(
+    params=[pytest.param(d, marks=pytest.mark.images) if d == IMAGE_DRIVER else d for d in RUNNABLE_DRIVERS]
+)
 def driver(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

@@ -20,7 +20,8 @@ RUNNER = """#!/bin/bash
 cd "$(dirname "$0")/.."
 for t in tests/test_*.sh; do
   for fn in $(grep -o '^test_[a-z0-9_]*' "$t"); do
-    if bash -c "source lib.sh; source $t; $fn" >/dev/null 2>&1; then echo "PASSED $t::$fn"; else echo "FAILED $t::$fn"; fi
+    if bash -c "source lib.sh; source $t; $fn" >/dev/null 2>&1; then s=PASSED; else s=FAILED; fi
+    echo "$s $t::$fn"
   done
 done
 """
@@ -39,7 +40,7 @@ REPOS: dict[str, dict[str, Any]] = {
     },
     "strutil": {
         "files": {
-            "lib.sh": "upper() { echo \"$1\" | tr a-z a-z; }\nrev3() { echo abc; }\n",
+            "lib.sh": 'upper() { echo "$1" | tr a-z a-z; }\nrev3() { echo abc; }\n',
             "tests/run.sh": RUNNER,
             "tests/test_str.sh": 'test_rev3() { [ "$(rev3)" = abc ]; }\ntest_upper() { [ "$(upper abc)" = ABC ]; }\n',
         },
@@ -81,21 +82,21 @@ def build_instance(name: str, tmp_path: Path) -> dict[str, Any]:
         test_patch = git(repo, "diff", "--cached", base)
         git(repo, "reset", "-q", "--hard", base)
     files: dict[str, Any] = {
-        f"/testbed/{p.relative_to(repo)}": (p.read_bytes(), p.stat().st_mode & 0o777) for p in repo.rglob("*") if p.is_file()
+        f"/testbed/{p.relative_to(repo)}": (p.read_bytes(), p.stat().st_mode & 0o777)
+        for p in repo.rglob("*")
+        if p.is_file()
     }
     image = host_image(tmp_path / f"{name}.tar", files=files, workdir="/testbed", programs=(*DEFAULT_PROGRAMS, "git"))
     record = {
-        "instance_id": f"farm__{name}-1", "repo": f"farm/{name}", "base_commit": base, "problem_statement": spec["issue"],
-        "test_cmd": "bash tests/run.sh", "FAIL_TO_PASS": spec["FAIL_TO_PASS"], "PASS_TO_PASS": spec["PASS_TO_PASS"],
-        "test_patch": test_patch,
+        "instance_id": f"farm__{name}-1", "repo": f"farm/{name}", "base_commit": base,
+        "problem_statement": spec["issue"], "test_cmd": "bash tests/run.sh", "FAIL_TO_PASS": spec["FAIL_TO_PASS"],
+        "PASS_TO_PASS": spec["PASS_TO_PASS"], "test_patch": test_patch,
     }  # fmt: skip
     return {"instance": record, "image": str(image)}
 
 
 def test_parse_log_and_grade_as_swe_bench() -> None:
-    instance = SweImageInstance.model_validate(
-        {**build_record(), "FAIL_TO_PASS": ["a::x"], "PASS_TO_PASS": ["a::y"]}
-    )
+    instance = SweImageInstance.model_validate({**build_record(), "FAIL_TO_PASS": ["a::x"], "PASS_TO_PASS": ["a::y"]})
     statuses = parse_log("PASSED a::x\nsome noise\nFAILED a::y - assert\n")
     assert statuses == {"a::x": "PASSED", "a::y": "FAILED"}
     assert grade(instance, statuses) == (False, {"a::x": "PASSED", "a::y": "FAILED"})

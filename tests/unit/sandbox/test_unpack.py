@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -122,7 +123,7 @@ def test_dockerfile_key_is_its_context(tmp_path: Path) -> None:
         (lambda p: (p / "n.tar").write_bytes(b"not a tar") and str(p / "n.tar"), "neither"),
     ],
 )
-def test_bad_image_references_say_what_to_fix(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_image_references_say_what_to_fix(tmp_path: Path, make: Callable[[Path], str], message: str) -> None:
     with pytest.raises(InvalidSpec, match=message):
         ImageRef.parse(make(tmp_path))
 
