@@ -184,7 +184,12 @@ class BwrapSandbox(ServerSandbox):
                 )
             cache = self.settings.image_cache_dir or Path(self.record.dir).parent / "images"
             self._image = load_image(
-                spec.image, cache=cache, owner=self._sandbox_ids(), docker=self.settings.image_docker_path
+                spec.image,
+                cache=cache,
+                owner=self._sandbox_ids(),
+                docker=self.settings.image_docker_path,
+                docker_host=self.settings.image_docker_host,
+                build_network=self.settings.image_build_network,
             )
             self.record.image = self._image.key
             host = self._host()

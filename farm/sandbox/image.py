@@ -131,6 +131,8 @@ def load_image(
     cache: Path,
     owner: tuple[int, int] | None,
     docker: str = "docker",
+    docker_host: str | None = None,
+    build_network: str | None = None,
     build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S,
 ) -> Image:
     """The image ``ref_text`` names, unpacked under ``cache`` now unless a finished one is there.
@@ -150,7 +152,10 @@ def load_image(
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not (path / READY).is_file():  # nobody finished it while this one waited
                 started = time.monotonic()
-                _build(ref, key, path, owner=owner, docker=docker, timeout_s=build_timeout_s)
+                builder = DockerBuilder(
+                    docker=docker, host=docker_host, network=build_network, timeout_s=build_timeout_s
+                )
+                _build(ref, key, path, owner=owner, builder=builder)
                 seconds = time.monotonic() - started
                 log.info("image %s unpacked as %s in %.1f s", ref_text, key, seconds)
                 return Image(key, path / "rootfs", _read_config(path), unpacked=True, seconds=seconds)
@@ -162,9 +167,17 @@ def _read_config(path: Path) -> ImageConfig:
     return ImageConfig(env=raw["env"], workdir=raw["workdir"], user=raw["user"])
 
 
-def _build(
-    ref: ImageRef, key: str, path: Path, *, owner: tuple[int, int] | None, docker: str, timeout_s: float
-) -> None:
+@dataclass(frozen=True)
+class DockerBuilder:
+    """How Dockerfiles are built on this node (``SandboxSettings.image_docker_*``)."""
+
+    docker: str = "docker"
+    host: str | None = None
+    network: str | None = None
+    timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
+
+
+def _build(ref: ImageRef, key: str, path: Path, *, owner: tuple[int, int] | None, builder: DockerBuilder) -> None:
     remove_tree(path)  # a build a crash cut short
     path.mkdir(parents=True)
     try:
@@ -172,7 +185,7 @@ def _build(
             config = unpack(ref.path, path / "rootfs", owner=owner)
         else:
             archive = path / "image.tar"
-            _docker_build(ref, f"farm-image:{key}", archive, docker=docker, timeout_s=timeout_s)
+            _docker_build(ref, f"farm-image:{key}", archive, builder)
             config = unpack(archive, path / "rootfs", owner=owner)
             archive.unlink()
         path.chmod(0o755)
@@ -183,23 +196,26 @@ def _build(
         raise
 
 
-def _docker_build(ref: ImageRef, tag: str, archive: Path, *, docker: str, timeout_s: float) -> None:
-    binary = shutil.which(docker)
+def _docker_build(ref: ImageRef, tag: str, archive: Path, builder: DockerBuilder) -> None:
+    binary = shutil.which(builder.docker)
     if binary is None:
         raise SandboxUnavailable(
-            f"image {ref.dockerfile} must be built, and Docker ({docker!r}) is not installed on this node: "
+            f"image {ref.dockerfile} must be built, and Docker ({builder.docker!r}) is not installed on this node: "
             "install it (scripts/setup_docker.sh) or ship the image as a docker-save archive"
         )
     assert ref.dockerfile is not None
+    client = [binary, *(["-H", builder.host] if builder.host else [])]
+    network = ["--network", builder.network] if builder.network else []
     steps = [
-        [binary, "build", "-q", "-t", tag, "-f", str(ref.dockerfile), str(ref.path)],
-        [binary, "save", "-o", str(archive), tag],
+        [*client, "build", "-q", *network, "-t", tag, "-f", str(ref.dockerfile), str(ref.path)],
+        [*client, "save", "-o", str(archive), tag],
     ]
     for argv in steps:
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=builder.timeout_s)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SandboxUnavailable(f"building image {ref.dockerfile} failed: {exc}") from exc
         if done.returncode != 0:
             output = (done.stdout + done.stderr)[-2000:]
-            raise SandboxUnavailable(f"`{' '.join(argv[:2])}` of {ref.dockerfile} exited {done.returncode}: {output}")
+            step = argv[len(client)]
+            raise SandboxUnavailable(f"`docker {step}` of {ref.dockerfile} exited {done.returncode}: {output}")
