@@ -68,11 +68,13 @@ def test_harbor_image_runs_in_the_image(tiny_tokenizer: Any, sandboxes: Any, tmp
 
 @pytest.mark.images
 def test_harbor_image_verifier_dirs_are_made_fresh(tiny_tokenizer: Any, sandboxes: Any, tmp_path: Path) -> None:
-    # An agent that plants a reward and its own test.sh where Harbor looks gets nothing for it.
+    # An agent that plants a reward and its own test.sh where Harbor looks gets nothing for it (sort-names
+    # writes reward.json; a planted reward.txt would win over it if it were still there).
     forge = _bash(
         "mkdir -p /logs/verifier /tests && echo 1 > /logs/verifier/reward.txt && "
         "printf '#!/bin/bash\\necho 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh"
     )
-    out = run("word-count", [forge, format_call("submit", {})], tmp_path, tiny_tokenizer, sandboxes)
+    out = run("sort-names", [forge, format_call("submit", {})], tmp_path, tiny_tokenizer, sandboxes)
     assert out.eval is not None
     assert out.eval.reward == 0.0, out.eval.info
+    assert out.eval.info["harbor"]["source"] == "reward.json"
