@@ -10,7 +10,8 @@ from ``create()`` to the end of a first command (``echo``):
 - ``image_cold``: the same with an empty image cache (the unpack is part of the start).
 
 Also the unpack alone (``unpack_ms``) and the image's size. Without ``--image`` the image is one
-built here from the host's bash and coreutils (``farm.testing.images``). Needs root (overlayfs).
+built here from the host's bash and coreutils (``farm.testing.images``); ``--big`` adds this Python's
+standard library to it (thousands of files). Needs root (overlayfs).
 Ends with one JSON line.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -49,10 +51,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--image", type=Path, help="an image file (docker-save archive, OCI layout or archive)")
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--big", action="store_true", help="add this Python's standard library to the built image")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="farm-bench-image-") as tmp:
         root = Path(tmp)
-        image = args.image or host_image(root / "image.tar", files={"/app/data.txt": "x\n"}, workdir="/app")
+        files: dict[str, bytes | str] = {"/app/data.txt": "x\n"}
+        if args.big:  # a realistic size: thousands of files, tens of MiB
+            stdlib = Path(sysconfig.get_paths()["stdlib"])
+            for p in stdlib.rglob("*"):
+                if p.is_file() and not p.is_symlink() and "site-packages" not in p.parts:
+                    files[f"/usr/lib/pystd/{p.relative_to(stdlib)}"] = p.read_bytes()
+        image = args.image or host_image(root / "image.tar", files=files, workdir="/app")
         cache = root / "sb" / "images"
         settings = Settings(data_dir=root / "data", sandbox={"root_dir": root / "sb"})
         samples: dict[str, list[float]] = {"host": [], "image_cached": [], "image_cold": [], "unpack": []}

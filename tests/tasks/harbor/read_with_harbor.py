@@ -4,7 +4,7 @@ given on the command line with Harbor's loader and print what it read, one JSON 
 import json
 import sys
 
-from harbor.models.task.task import Task
+from harbor.models.task.task import Task  # type: ignore[import-not-found]
 
 for path in sys.argv[1:]:
     task = Task(path)
