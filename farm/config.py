@@ -211,6 +211,15 @@ class SandboxSettings(BaseModel):
     bwrap_seccomp: bool = True
     #: host directories bound read-only (those that exist); the Python running farm is added.
     bwrap_system_dirs: list[str] = Field(default_factory=lambda: ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64"])
+    #: unpacked task images (``SandboxSpec.image``), one per image; ``None`` means ``<root_dir>/images``.
+    #: A cache: remove an image's directory by hand when no sandbox runs over it.
+    image_cache_dir: Path | None = None
+    #: the Docker client that builds images a spec names by Dockerfile (nothing else needs Docker).
+    image_docker_path: str = "docker"
+    #: the Docker engine builds go to (``-H``, e.g. ``unix:///run/other.sock``); ``None``: the client's default.
+    image_docker_host: str | None = None
+    #: ``docker build --network`` (``none`` for builds that need no network); ``None``: Docker's default.
+    image_build_network: str | None = None
     #: ``singularity`` or ``apptainer``.
     singularity_path: str = "singularity"
     #: the image of sandboxes whose spec names none (every shipped task): a .sif file or a directory

@@ -53,6 +53,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--run-pgbouncer",
         action="store_true",
         help="run a real farm end to end behind a PgBouncer of the test's own (apt-get install pgbouncer)",
+        "--run-images",
+        action="store_true",
+        help="run Harbor and SWE-style tasks end to end in their own images (bwrap, root; a minute)",
     )
     parser.addoption(
         "--run-harness",
@@ -84,6 +87,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="compose test (Docker, minutes): opt in with --run-compose"))
         if item.get_closest_marker("pgbouncer") and not config.getoption("--run-pgbouncer"):
             item.add_marker(pytest.mark.skip(reason="farm behind PgBouncer end to end: opt in with --run-pgbouncer"))
+        if item.get_closest_marker("images") and not config.getoption("--run-images"):
+            item.add_marker(pytest.mark.skip(reason="task-image test (a minute): opt in with --run-images"))
         if item.get_closest_marker("crash") and not config.getoption("--run-crash"):
             item.add_marker(pytest.mark.skip(reason="crash test (minutes of real faults): opt in with --run-crash"))
 

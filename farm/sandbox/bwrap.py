@@ -1,4 +1,4 @@
-"""BwrapSandbox: bubblewrap, no daemon and no image: the host's system directories, read-only.
+"""BwrapSandbox: bubblewrap, no daemon: the host's system directories read-only, or a task's image.
 
 Inside: read-only system dirs and the Python that runs farm, a private writable workspace and
 /tmp, new PID/IPC/UTS/cgroup namespaces and, unless the spec asks for the network, a network
@@ -6,6 +6,11 @@ namespace with nothing but its own loopback. A root worker's commands run as an 
 uid (``setpriv``), so root-only files stay unreadable even in the bound directories. Limits on
 memory, processes and CPU share come from a cgroup the sandbox joins before bwrap starts.
 Killing bwrap's PID-namespace init (pid from ``--info-fd``) kills every process inside.
+
+A spec naming an ``image`` (:mod:`farm.sandbox.image`) runs over that image's root file system
+instead: unpacked once per node, shared read-only, with an overlay layer of the sandbox's own on
+top (in the sandbox's disk quota); the host's Python runs the execution server from
+``HOST_INSIDE`` through the host's loader (:mod:`farm.sandbox.hostpython`), so the image needs none.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any
 
 from farm.errors import SandboxUnavailable
 from farm.sandbox.base import SandboxSpec
+from farm.sandbox.hostpython import HostPython, host_python, inside
+from farm.sandbox.image import Image, load_image
 from farm.sandbox.procs import ProcRef, enter_cgroups_argv
 from farm.sandbox.seccomp import filter_program
 from farm.sandbox.server_sandbox import FARM_SOURCE_DIR, RUN_DIR_INSIDE, ServerSandbox, server_pythonpath
@@ -58,8 +65,15 @@ def bwrap_argv(
     command: list[str],
     info_fd: int | None = None,
     seccomp_fd: int | None = None,
+    image_root: Path | None = None,
+    host: HostPython | None = None,
 ) -> list[str]:
-    """The full bwrap command line (pure: unit-tested without running bwrap)."""
+    """The full bwrap command line (pure: unit-tested without running bwrap).
+
+    With ``image_root`` (a writable root made of an image and the sandbox's own layer) the root is
+    the image's, the host's directories appear only under ``HOST_INSIDE`` (``host``), and the
+    programs bwrap starts (setpriv, the server) run with the host's loader and libraries.
+    """
     argv = [bwrap]
     made: set[str] = {"/"}
 
@@ -73,7 +87,14 @@ def bwrap_argv(
                 made.add(d)
 
     bound: list[str] = []
-    if spec.root is not None:
+    if image_root is not None:
+        assert host is not None
+        argv += ["--bind", str(image_root), "/"]
+        for d in host.binds:
+            parents(inside(d))
+            argv += ["--ro-bind", d, inside(d)]
+        python_dirs = []  # reached through host.binds
+    elif spec.root is not None:
         argv += ["--ro-bind", str(spec.root), "/"]
     else:
         for d in system_dirs:
@@ -114,7 +135,8 @@ def bwrap_argv(
         uid, gid = run_as
         # bwrap keeps only these two capabilities, and setpriv drops them when it changes uid.
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
-        argv += ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+        setpriv = ["setpriv"] if host is None else host.argv(inside(shutil.which("setpriv") or "/usr/bin/setpriv"))
+        argv += [*setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
         argv += ["--inh-caps=-all", "--bounding-set=-all", "--"]
     else:
         argv.append("--")
@@ -126,6 +148,8 @@ class BwrapSandbox(ServerSandbox):
 
     driver = "bwrap"
     isolated = True
+    #: the spec's image, unpacked (set by ``_prepare``); None: the host's system directories.
+    _image: Image | None = None
 
     def _sandbox_ids(self) -> tuple[int, int] | None:
         if os.geteuid() != 0:
@@ -133,6 +157,10 @@ class BwrapSandbox(ServerSandbox):
         return self.settings.sandbox_uid, self.settings.sandbox_gid
 
     def _tool_env(self, spec: SandboxSpec) -> dict[str, str]:
+        if self._image is not None:
+            # The image's own environment (its PATH, its language settings); nothing of the host's.
+            base = {"PATH": _STD_PATH, "HOME": "/root", "LANG": "C.UTF-8", **self._image.config.env, "TERM": "dumb"}
+            return {**base, **spec.env}
         env = {
             "PATH": f"{os.path.dirname(sys.executable)}:{_STD_PATH}",
             "HOME": "/tmp",
@@ -145,6 +173,58 @@ class BwrapSandbox(ServerSandbox):
         }
         return {**env, **spec.env}
 
+    # ---- images -----------------------------------------------------------------------------
+    def _prepare(self, spec: SandboxSpec, limits: dict[str, Any]) -> None:
+        if spec.image is not None:
+            if os.geteuid() != 0:
+                raise SandboxUnavailable(
+                    "image sandboxes need a root worker (the image's writable layer is an overlay mount); "
+                    "run the worker as root or use a spec without an image",
+                    sandbox_id=self.id,
+                )
+            cache = self.settings.image_cache_dir or Path(self.record.dir).parent / "images"
+            self._image = load_image(
+                spec.image,
+                cache=cache,
+                owner=self._sandbox_ids(),
+                docker=self.settings.image_docker_path,
+                docker_host=self.settings.image_docker_host,
+                build_network=self.settings.image_build_network,
+            )
+            self.record.image = self._image.key
+            host = self._host()
+            self.record.python = [*host.argv(host.python)]
+            self.record.python_env = dict(host.env)
+        super()._prepare(spec, limits)
+        if self._image is not None:
+            for sub in ("upper", "work", "root"):
+                (self.fs / sub).mkdir(exist_ok=True)
+            self._chown_tree(self.fs / "upper")  # the merged root's own directory: the sandbox user's
+
+    def _seed_workspace(self, spec: SandboxSpec) -> None:
+        # The image's copy of the working directory (a repository at its base commit, a task's /app)
+        # is where the workspace starts; the spec's own files go over it.
+        if self._image is None:
+            return
+        seed = self._image.rootfs / spec.workdir.lstrip("/")
+        if seed.is_dir() and not seed.is_symlink():
+            shutil.copytree(seed, self.host_workspace, symlinks=True, dirs_exist_ok=True)
+
+    def _host(self) -> HostPython:
+        system = tuple(d for d in self.settings.bwrap_system_dirs if d != "/etc")
+        return host_python(system, tuple(_python_dirs()))
+
+    def _overlay_argv(self, argv: list[str]) -> list[str]:
+        """Mount the image with this sandbox's writable layer over it in a mount namespace of its own:
+        the mount goes with the sandbox's last process, so a crash leaves none behind. Slave
+        propagation lets the host's unmounts (other sandboxes' file systems) reach it."""
+        assert self._image is not None
+        fs = self.fs
+        opts = f"lowerdir={self._image.rootfs},upperdir={fs / 'upper'},workdir={fs / 'work'}"
+        script = 'mount -t overlay farm-image -o "$1" "$2" || exit 98; shift 2; exec "$@"'
+        mount_ns = ["unshare", "--mount", "--propagation", "slave", "--"]
+        return [*mount_ns, "/bin/sh", "-c", script, "farm-overlay", opts, str(fs / "root"), *argv]
+
     def _launch(self, spec: SandboxSpec, limits: dict[str, Any]) -> None:
         bwrap = shutil.which(self.settings.bwrap_path)
         if bwrap is None:
@@ -153,7 +233,15 @@ class BwrapSandbox(ServerSandbox):
                 sandbox_id=self.id,
             )
         config = self._server_config(spec, limits, socket_path=f"{RUN_DIR_INSIDE}/server.sock")
-        server_env = {**self._tool_env(spec), "PYTHONPATH": server_pythonpath(FARM_LIB_INSIDE)}
+        host = self._host() if self._image is not None else None
+        if host is None:
+            python = [sys.executable]
+            server_env = {**self._tool_env(spec), "PYTHONPATH": server_pythonpath(FARM_LIB_INSIDE)}
+        else:
+            python = host.argv(host.python)
+            # The server's own environment: its sessions get config["env"] (the image's) instead.
+            paths = [inside(p) if p != FARM_LIB_INSIDE else p for p in server_pythonpath(FARM_LIB_INSIDE).split(":")]
+            server_env = {**self._tool_env(spec), **dict(host.env), "PYTHONPATH": ":".join(paths)}
         info_r, info_w = os.pipe()
         seccomp_r = self._seccomp_fd()
         try:
@@ -165,10 +253,14 @@ class BwrapSandbox(ServerSandbox):
                 python_dirs=_python_dirs(),
                 farm_source=FARM_SOURCE_DIR,
                 run_as=self._sandbox_ids(),
-                command=self._server_argv(sys.executable, config),
+                command=python[:-1] + self._server_argv(python[-1], config),
                 info_fd=info_w,
                 seccomp_fd=seccomp_r,
+                image_root=self.fs / "root" if host is not None else None,
+                host=host,
             )
+            if host is not None:
+                argv = self._overlay_argv(argv)
             argv = self._limit_wrapper(limits) + enter_cgroups_argv(self._cgroups.procs_files, argv)
             with open(self._log_path(), "ab") as log:
                 self._popen = subprocess.Popen(

@@ -50,6 +50,11 @@ class SandboxRecord:
     stop_argv: list[str] = field(default_factory=list)
     #: how the disk quota is enforced: ``loop`` (a mounted image), ``rlimit`` (per file) or ``""`` (none).
     disk_quota: str = ""
+    #: the unpacked image the sandbox runs over (its key in the image cache), or ``""``.
+    image: str = ""
+    #: how a command inside runs the host's Python, and the environment it needs (image sandboxes).
+    python: list[str] = field(default_factory=list)
+    python_env: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

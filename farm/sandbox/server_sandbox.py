@@ -133,6 +133,7 @@ class ServerSandbox:
         for sub in ("workspace", "tmp", "run"):
             (self.fs / sub).mkdir(parents=True, exist_ok=True)
         try:
+            self._seed_workspace(spec)
             if spec.workspace is not None:
                 shutil.copytree(spec.workspace, self.host_workspace, symlinks=True, dirs_exist_ok=True)
             if spec.snapshot is not None:
@@ -159,6 +160,9 @@ class ServerSandbox:
                 log.warning("sandbox %s: cgroups not writable (%s): limits fall back to rlimits", self.id, exc)
         self.record.cgroups = {k: str(v) for k, v in self._cgroups.dirs.items()}
         self.registry.save(self.record)
+
+    def _seed_workspace(self, spec: SandboxSpec) -> None:
+        """Put what the workspace starts from before the spec's own files (an image's copy of it)."""
 
     def _prepare_disk(self, disk_mb: int | None) -> None:
         """Make ``self.fs`` the quota'd file system (or a plain directory) and record how."""
@@ -338,9 +342,11 @@ class ServerSandbox:
         staged = self.fs / "run" / name
         shutil.copyfile(path, staged)
         self._chown_tree(staged)
-        result = self.run(
-            [self._python_inside(), "-c", _RESTORE_SCRIPT, f"{self._run_dir_inside()}/{name}", self.workdir]
+        # An image sandbox runs the host's Python through the host's loader (the record says how).
+        python, env = (
+            (self.record.python, self.record.python_env) if self.record.python else ([self._python_inside()], {})
         )
+        result = self.run([*python, "-c", _RESTORE_SCRIPT, f"{self._run_dir_inside()}/{name}", self.workdir], env=env)
         staged.unlink(missing_ok=True)
         if not result.ok:
             raise SandboxError(f"restore failed: {result.error or ''} {result.output[-2000:]}", sandbox_id=self.id)

@@ -36,6 +36,16 @@ class HarborConfig(EpisodeBudget):
         ),
     )
     setup_timeout_s: float = Field(default=600.0, gt=0, le=7200, description="wall-clock limit of the setup")
+    image: str | None = Field(
+        default=None,
+        max_length=4096,
+        description=(
+            "run the task in its container image, as Harbor does: 'build' builds environment/Dockerfile on each "
+            "node (needs Docker there), or the path of the built image on the nodes (a docker-save archive, an "
+            "OCI layout or archive); tests/ then goes to /tests and the reward to /logs/verifier. Unset: the "
+            "host's tools, with /app seeded from environment/workdir"
+        ),
+    )
 
     # Field validators, so a 422 names example or path (a model validator's error has no field).
     @field_validator("example")
@@ -60,11 +70,26 @@ class HarborConfig(EpisodeBudget):
             raise ValueError(exc.message) from exc
         return value
 
+    @field_validator("image")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        if value is not None and value != "build" and not Path(value).is_absolute():
+            raise ValueError(f"image must be 'build' or an absolute path, got {value!r}")
+        return value
+
     @model_validator(mode="after")
     def _one_source(self) -> HarborConfig:
         if (self.example is None) == (self.path is None):
             raise ValueError("give exactly one of example or path")
+        if self.image == "build" and self.resolve().dockerfile is None:
+            raise ValueError("image 'build' needs the task's environment/Dockerfile, and this task has none")
         return self
+
+    def image_ref(self) -> str | None:
+        """``SandboxSpec.image`` for this task, or None (the host's tools)."""
+        if self.image == "build":
+            return f"dockerfile:{self.resolve().environment_dir}"
+        return self.image
 
     def resolve(self) -> HarborTask:
         return load_task(EXAMPLES_DIR / self.example if self.example is not None else Path(str(self.path)))

@@ -9,9 +9,12 @@ does: in the agent's environment as it was left, with a fresh copy of ``tests/``
 saw, and reads ``reward.txt`` or ``reward.json``. A verifier that writes no reward is an
 infrastructure failure, never a 0.
 
-Not supported: tasks whose environment is a Docker image to build (no Docker engine is
-assumed), and scripts that hard-code ``/tests`` or ``/logs/verifier`` instead of reading
-``HARBOR_TESTS_DIR`` / ``HARBOR_VERIFIER_DIR`` (the bwrap driver has no writable root to bind them on).
+With ``image`` set (``build``: environment/Dockerfile built on the node; or a built image's file)
+the task runs in its image as Harbor runs it: ``/app`` is the image's, ``tests/`` is copied to
+``/tests`` and the reward is read from ``/logs/verifier``, both made fresh just before the
+verifier runs (so scripts that hard-code them run unchanged). Without it the host's tools stand
+in for the image, and the verifier's directories are fresh unguessable ones under /tmp that
+the script finds through ``HARBOR_TESTS_DIR`` / ``HARBOR_VERIFIER_DIR``.
 ``[environment] allow_internet`` is not honoured: sandboxes never get the host's network.
 """
 
@@ -37,6 +40,9 @@ from tasks.harbor.task import HarborTask
 from tasks.harbor.verifier import MAX_OUTPUT_BYTES, read_reward, seed_workdir
 
 WORKDIR = "/app"
+#: where Harbor puts the tests and reads the reward, in a task's image.
+HARBOR_TESTS_DIR = "/tests"
+HARBOR_VERIFIER_DIR = "/logs/verifier"
 REWARD_FILES = ("reward.txt", "reward.json")
 SYSTEM = (
     f"You are an expert at the Linux command line. You work in {WORKDIR}. Complete the task you are given; "
@@ -56,14 +62,17 @@ class HarborHandler(AgentHandler[HarborConfig, HarborState]):
 
     def sandbox_spec(self, config: HarborConfig) -> SandboxSpec:
         env = config.resolve().config.environment
-        return SandboxSpec(workdir=WORKDIR, limits=Limits(memory_mb=env.memory_mb, cpus=env.cpus))
+        return SandboxSpec(
+            image=config.image_ref(), workdir=WORKDIR, limits=Limits(memory_mb=env.memory_mb, cpus=env.cpus)
+        )
 
     def recipe(self, config: HarborConfig, spec: SandboxSpec) -> dict[str, Any]:
         # A task directory given by path may be edited between batches.
         return {**super().recipe(config, spec), "files": tree_digest(config.resolve().environment_dir)}
 
     def workspace_files(self, config: HarborConfig, dest: Path) -> dict[str, Any]:
-        seed_workdir(config.resolve(), dest)
+        if config.image is None:  # an image brings its own /app
+            seed_workdir(config.resolve(), dest)
         return {}
 
     def budgets(self, config: HarborConfig) -> Budgets:
@@ -92,12 +101,19 @@ class HarborHandler(AgentHandler[HarborConfig, HarborState]):
     def _verify(self, config: HarborConfig, state: HarborState, ctx: StageContext) -> EvalResult:
         task = config.resolve()
         with self.attached(state, ctx) as sandbox:
-            return self._verify_in(task, sandbox)
+            return self._verify_in(task, sandbox, in_image=config.image is not None)
 
-    def _verify_in(self, task: HarborTask, sandbox: Sandbox) -> EvalResult:
-        # A fresh, unguessable place: the agent could not have prepared anything there.
-        root = f"/tmp/farm-verifier-{secrets.token_hex(8)}"
-        tests_dir, verifier_dir = f"{root}/tests", f"{root}/logs/verifier"
+    def _verify_in(self, task: HarborTask, sandbox: Sandbox, *, in_image: bool = False) -> EvalResult:
+        if in_image:
+            # Harbor's own places, emptied first: whatever the agent left there is gone.
+            tests_dir, verifier_dir = HARBOR_TESTS_DIR, HARBOR_VERIFIER_DIR
+            cleared = sandbox.run(["rm", "-rf", tests_dir, verifier_dir], timeout_s=60)
+            if not cleared.ok:
+                raise SandboxError(f"could not clear {tests_dir} and {verifier_dir}: {cleared.output[-500:]!r}")
+        else:
+            # A fresh, unguessable place: the agent could not have prepared anything there.
+            root = f"/tmp/farm-verifier-{secrets.token_hex(8)}"
+            tests_dir, verifier_dir = f"{root}/tests", f"{root}/logs/verifier"
         for path in sorted(task.tests_dir.rglob("*")):
             if path.is_file():
                 rel = path.relative_to(task.tests_dir).as_posix()

@@ -18,7 +18,9 @@ from farm.sandbox.server_sandbox import ServerSandbox
 
 IN_CI = bool(os.environ.get("CI"))
 #: drivers the contract suite runs against here (singularity has its own opt-in tests).
-RUNNABLE_DRIVERS = ["bwrap", "local"]
+RUNNABLE_DRIVERS = ["bwrap", "local", "bwrap-image"]
+#: the contract suite's name for a bwrap sandbox over a small image (``small_image``).
+IMAGE_DRIVER = "bwrap-image"
 
 
 def require_bwrap() -> None:
@@ -50,11 +52,25 @@ def sandbox_settings(tmp_path: Path) -> Settings:
     )
 
 
+@pytest.fixture(scope="session")
+def small_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A docker-save archive of the host's bash and coreutils (no Python): see farm.testing.images."""
+    from farm.testing.images import host_image
+
+    return host_image(tmp_path_factory.mktemp("image") / "small.tar", files={"/srv/data.txt": "from the image\n"})
+
+
 @pytest.fixture
-def make_sandbox(sandbox_settings: Settings) -> Iterator[Callable[..., ServerSandbox]]:
+def make_sandbox(sandbox_settings: Settings, request: pytest.FixtureRequest) -> Iterator[Callable[..., ServerSandbox]]:
     made: list[ServerSandbox] = []
 
     def make(driver: str, spec: SandboxSpec | None = None) -> ServerSandbox:
+        if driver == IMAGE_DRIVER:  # the bwrap driver over an image instead of the host's directories
+            if os.geteuid() != 0:
+                pytest.skip("image sandboxes need a root worker (overlayfs)")
+            image = request.getfixturevalue("small_image")  # built only when a test asks for it
+            spec = (spec or SandboxSpec()).model_copy(update={"image": str(image)})
+            driver = "bwrap"
         if driver == "bwrap":
             require_bwrap()
         sandbox = create_sandbox(sandbox_settings, spec, driver=driver)
@@ -66,7 +82,9 @@ def make_sandbox(sandbox_settings: Settings) -> Iterator[Callable[..., ServerSan
         sandbox.close()
 
 
-@pytest.fixture(params=RUNNABLE_DRIVERS)
+@pytest.fixture(
+    params=[pytest.param(d, marks=pytest.mark.images) if d == IMAGE_DRIVER else d for d in RUNNABLE_DRIVERS]
+)
 def driver(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Harbor verifier: run ./count_lines.sh on each fixture; reward.json holds the fraction of cases right.
+# Harbor verifier: run ./count_lines.sh on each fixture; the reward is 1 when every case is right, else 0
+# (the untouched script already gets one case right: a fraction would pay an agent that does nothing).
 set -u
 out="${HARBOR_VERIFIER_DIR:-/logs/verifier}"
 tests="${HARBOR_TESTS_DIR:-/tests}"
@@ -17,5 +18,6 @@ for case in three.txt:3 unterminated.txt:1 empty.txt:0 blank-lines.txt:4; do
     echo "$file: want $want, got '$got'" >&2
   fi
 done
-reward=$(awk -v p="$pass" -v t="$total" 'BEGIN { printf "%.4f", p / t }')
+reward=0
+[ "$pass" -eq "$total" ] && reward=1
 printf '{"reward": %s, "cases_passed": %d, "cases_total": %d}\n' "$reward" "$pass" "$total" > "$out/reward.json"

@@ -1,0 +1,2 @@
+#!/bin/bash
+sort /app/names.txt > /app/sorted.txt
