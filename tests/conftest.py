@@ -53,6 +53,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--run-pgbouncer",
         action="store_true",
         help="run a real farm end to end behind a PgBouncer of the test's own (apt-get install pgbouncer)",
+    )
+    parser.addoption(
         "--run-images",
         action="store_true",
         help="run Harbor and SWE-style tasks end to end in their own images (bwrap, root; a minute)",
