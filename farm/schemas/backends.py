@@ -79,3 +79,6 @@ class BackendOut(BaseModel):
     inflight: int
     healthy: bool
     weight_version: int
+    tokens_per_s: float | None = Field(
+        default=None, description="tokens it sampled per second over the last minute (overview only)"
+    )
