@@ -27,7 +27,7 @@ import httpx
 from pydantic import SecretStr
 
 from farm.config import Settings
-from farm.constants import Stage, sandbox_checks_key
+from farm.constants import TOKEN_FILE_NAME, Stage, sandbox_checks_key
 from farm.db import migrate
 from farm.db.session import make_engine
 from farm.errors import ConfigError
@@ -57,7 +57,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 def token_file(settings: Settings) -> Path:
-    return settings.data_dir / "token"
+    return settings.data_dir / TOKEN_FILE_NAME
 
 
 def ensure_token(settings: Settings) -> Settings:
