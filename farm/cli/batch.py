@@ -225,8 +225,26 @@ def cancel(batch_id: int, as_json: bool, url: str | None) -> None:
 @main.command()
 @click.option("--tasks", "num_tasks", type=int, default=16, show_default=True)
 @click.option("--group-size", "-n", type=int, default=4, show_default=True)
-def demo(num_tasks: int, group_size: int) -> None:
-    """Start the embedded stack, run a demo batch through INIT/RUN/EVAL, show the results, stop."""
+@click.option(
+    "--learn-steps",
+    type=click.IntRange(min=0),
+    default=3,  # farm.demo.DEMO_LOOP.steps (not imported here: the CLI starts without it)
+    show_default=True,
+    help="GRPO steps of the closing learning loop (0: none)",
+)
+@click.option("--keep", is_flag=True, help="leave the stack up afterwards (Ctrl-C stops it)")
+def demo(num_tasks: int, group_size: int, learn_steps: int, keep: bool) -> None:
+    """Start the embedded stack, run a batch of the shipped task types through INIT/RUN/EVAL, then a
+    short GRPO loop that moves a reward; results on stdout, progress on stderr; stop (unless --keep)."""
     from farm.demo import run_demo
 
-    sys.exit(run_demo(load_settings(), num_tasks=num_tasks, group_size=group_size, console=console))
+    code = run_demo(
+        load_settings(),
+        num_tasks=num_tasks,
+        group_size=group_size,
+        learn_steps=learn_steps,
+        keep=keep,
+        console=console,
+        out=stdout,
+    )
+    sys.exit(code)

@@ -26,11 +26,13 @@ def test_report_outcome_legend_covers_no_bar():
     fig = report._alone(lambda ax: report._outcomes(_spans(), ax), size=report.HALF_SIZE)
     fig.canvas.draw()
     (ax,) = fig.axes
-    legend = ax.get_legend().get_window_extent()
-    bars = [patch.get_window_extent() for patch in ax.patches if patch.get_height() > 0]
-    assert bars and not any(legend.overlaps(bar) for bar in bars)
+    legend = ax.get_legend()
+    assert legend is not None
+    box = legend.get_window_extent()
+    bars = [patch.get_window_extent() for patch in ax.patches if patch.get_window_extent().height > 0]
+    assert bars and not any(box.overlaps(bar) for bar in bars)
     # ... and stays inside the figure, so the SVG shows it whole.
-    assert fig.bbox.contains(legend.x1 - 1, legend.y1 - 1)
+    assert fig.bbox.contains(box.x1 - 1, box.y1 - 1)
 
 
 def test_report_time_legends_cover_no_lane():
@@ -38,7 +40,8 @@ def test_report_time_legends_cover_no_lane():
     fig.canvas.draw()
     lanes, load, finished = fig.axes
     for ax in (lanes, load):
-        assert not ax.get_legend().get_window_extent().overlaps(ax.get_window_extent())
+        legend = ax.get_legend()
+        assert legend is not None and not legend.get_window_extent().overlaps(ax.get_window_extent())
     # One x axis for everything over time: lanes, the pools' load and the jobs finished line up.
     assert lanes.get_xlim() == load.get_xlim() == finished.get_xlim()
 
