@@ -273,3 +273,12 @@ def test_metrics_count_each_nodes_sandboxes(llm_stack: EmbeddedStack):
         timeout_s=30,
         what="the node's sandbox count",
     )
+
+
+def test_submit_fits_its_default_max_tokens_to_the_served_context(llm_stack: EmbeddedStack, llm_client: FarmClient):
+    from farm.cli.batch import CONTEXT_SHARE, DEFAULT_MAX_TOKENS, _fitting_max_tokens
+
+    (backend,) = [b for b in llm_client.overview().backends if b.kind == "builtin"]
+    context = backend.context_tokens
+    assert context is not None and context > 0  # the built-in backend's /v1/models max_model_len
+    assert _fitting_max_tokens(llm_client) == min(DEFAULT_MAX_TOKENS, context // CONTEXT_SHARE)
