@@ -137,11 +137,12 @@ def up(flower: bool) -> None:
     started = time.monotonic()
     stack.start(report=lambda step: console.print(f"[dim]{time.monotonic() - started:5.1f}s[/] {step}"))
     s = stack.settings
-    console.print(f"[bold green]farm is up[/]  API {s.api_url}  (docs {s.api_url}/docs)")
-    console.print(f"  redis {s.redis.url}   database {s.database_url}")
+    # Where the farm is: the command's result, on stdout (start-up steps went to stderr).
+    out.print(f"[bold green]farm is up[/]  API {s.api_url}  (docs {s.api_url}/docs)")
+    out.print(f"  redis {s.redis.url}   database {s.database_url}")
     if flower:
-        console.print(f"  flower http://127.0.0.1:{s.flower.port}")
-    console.print(f"  {token_hint(s)}   logs in {stack.log_dir}")
+        out.print(f"  flower http://127.0.0.1:{s.flower.port}")
+    out.print(f"  {token_hint(s)}   logs in {stack.log_dir}")
     stopping = False
 
     def _stop(*_: Any) -> None:
