@@ -91,6 +91,7 @@ def test_status_and_cancel(stack: EmbeddedStack, tmp_path: Path):
     assert "farm ok" in glance.stdout and "pools" in glance.stdout and "running batches" in glance.stdout
     assert f"run.{node}" in glance.stdout and f"eval.{node}" in glance.stdout
     assert re.search(rf"^\W*{batch_id}\W.*0/1", glance.stdout, re.M), glance.stdout
+    assert all(column in glance.stdout for column in ("reward", "tokens/s", "time left")), glance.stdout
     overview = json.loads(farm_cli(stack, "status", "--json").stdout)
     assert {w["name"] for w in overview["workers"]} >= {f"init@{node}", f"run@{node}", f"eval@{node}"}
     assert int(batch_id) in [b["id"] for b in overview["batches"]]
@@ -103,6 +104,7 @@ def test_status_and_cancel(stack: EmbeddedStack, tmp_path: Path):
     summary = farm_cli(stack, "status", batch_id)
     assert summary.returncode == 0 and re.search(r"state\s+running", summary.stdout), summary.stdout
     assert re.search(r"jobs\s+0/1 finished", summary.stdout), summary.stdout
+    assert re.search(r"reward\s+- \(no job scored yet\)", summary.stdout) and "running for" in summary.stdout
     assert json.loads(farm_cli(stack, "status", batch_id, "--json").stdout)["id"] == int(batch_id)
     cancelled = farm_cli(stack, "cancel", batch_id, "--json")
     assert cancelled.returncode == 0 and json.loads(cancelled.stdout)["state"] == "cancelled"
