@@ -13,7 +13,6 @@ stderr. ``--keep`` leaves the stack up (with the trained weights served) for the
 
 from __future__ import annotations
 
-import signal
 import time
 from typing import Any
 
@@ -154,15 +153,5 @@ def _next_steps(stack: EmbeddedStack, batch_id: int, *, keep: bool) -> str:
 
 def _wait_for_stop(stack: EmbeddedStack, console: Console) -> None:
     console.print(f"[green]the stack stays up[/] (API {stack.settings.api_url}); Ctrl-C or SIGTERM stops it")
-    stopping = False
-
-    def stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        while not stopping and not stack.failed():
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+    if dead := stack.serve_until_stopped():
+        console.print(f"[red]{dead.name} exited:[/]\n{stack.tail(dead)}")

@@ -333,6 +333,24 @@ class EmbeddedStack:
             return "\n".join(service.log_path.read_text(errors="replace").splitlines()[-lines:])
         return ""
 
+    def serve_until_stopped(self) -> Service | None:
+        """Block until Ctrl-C or SIGTERM (then None) or until a service exits (then that one)."""
+        stopping = False
+
+        def stop(*_: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            while not stopping:
+                if dead := self.failed():
+                    return dead[0]
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        return None
+
     def failed(self) -> list[Service]:
         return [s for s in self.services if s.process.poll() is not None]
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from redis import Redis
 
+from farm.metrics import read_indexed_hashes
 from farm.schemas.stages import EvalResult, RunResult
 
 log = logging.getLogger(__name__)
@@ -172,18 +173,11 @@ class Histogram:
 
 
 def read_histograms(redis: Redis) -> list[Histogram]:
-    keys = sorted(_text(k) for k in redis.smembers(_HIST_INDEX))
-    if not keys:
-        return []
-    pipe = redis.pipeline(transaction=False)
-    for key in keys:
-        pipe.hgetall(key)
     out = []
-    for key, raw in zip(keys, pipe.execute(), strict=True):
+    for key, fields in read_indexed_hashes(redis, _HIST_INDEX):
         family, _, labels = key.removeprefix(_HIST).partition("|")
-        if not raw or family not in HISTOGRAMS:
+        if family not in HISTOGRAMS:
             continue
-        fields = {_text(k): _text(v) for k, v in raw.items()}
         buckets = tuple(int(fields.get(f"b{i}", 0)) for i in range(len(HISTOGRAMS[family]) + 1))
         out.append(Histogram(family, json.loads(labels), buckets, int(fields.get("count", 0)), float(fields["sum"])))
     return out
