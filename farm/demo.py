@@ -20,7 +20,7 @@ from rich.console import Console
 
 from farm.client import FarmClient
 from farm.config import Settings
-from farm.embedded import EmbeddedStack, token_hint
+from farm.embedded import EmbeddedStack, token_file, token_hint
 from farm.learning import ClosedLoop, LoopOptions
 from farm.progress import follow, summarize, summary_table
 
@@ -107,7 +107,7 @@ def _learn(client: FarmClient, stack: EmbeddedStack, steps: int, *, console: Con
     assert s.llm.builtin_model_dir is not None
     options = LoopOptions(**{**DEMO_LOOP.__dict__, "steps": steps})
     console.print(
-        f"learning: {steps} GRPO steps of {options.prompts} x {options.group} rollouts on the vowels task "
+        f"learning: {_steps(steps)} of GRPO, {options.prompts} x {options.group} rollouts each, on the vowels task "
         "(reward: the share of the reply that is vowels), new weights served after each"
     )
     loop = ClosedLoop(
@@ -125,30 +125,35 @@ def _learn(client: FarmClient, stack: EmbeddedStack, steps: int, *, console: Con
         return False
     before = float(history[0]["reward"])
     out.print(
-        f"learning (GRPO, {steps} steps, {options.prompts * options.group} rollouts each): mean reward "
+        f"learning (GRPO, {_steps(steps)}, {options.prompts * options.group} rollouts each): mean reward "
         f"[bold]{before:.3f}[/] before -> [bold]{after:.3f}[/] after (weights v{loop.version})"
     )
     return True
 
 
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 def _next_steps(stack: EmbeddedStack, batch_id: int, *, keep: bool) -> str:
     s = stack.settings
-    lines = ["", "next:"]
     if keep:
-        lines += [
-            "  farm status                 # the farm at a glance (in another terminal: Ctrl-C here stops the stack)",
-            f"  farm status {batch_id} --json       # the demo batch as JSON",
-            f"  farm report {batch_id}              # an HTML report of the demo batch",
-            f"  curl -s -H 'Authorization: Bearer ...' {s.api_url}/metrics   # what Prometheus scrapes",
+        commands = [
+            ("farm status", "the farm at a glance (in another terminal: Ctrl-C here stops the stack)"),
+            (f"farm status {batch_id} --json", "the demo batch, as the API answers it"),
+            (f"farm report {batch_id}", "an HTML page and a PNG of the demo batch"),
+            (f'curl -s -H "Authorization: Bearer $(cat {token_file(s)})" {s.api_url}/metrics', ""),
         ]
     else:
-        lines += [
-            "  farm demo --keep             # the same, leaving the stack up for the commands below",
-            "  farm up                      # the stack alone, in the foreground",
-            f"  farm submit tasks.jsonl      # your own tasks (GET {s.api_url}/v1/tasks lists the shipped ones)",
-            "  python examples/grpo_cpu.py  # a longer GRPO run, with a reward plot",
+        commands = [
+            ("farm demo --keep", "the same, leaving the stack up for farm status, farm report, /metrics"),
+            ("farm up", "the stack alone, in the foreground"),
+            ("farm submit tasks.jsonl", f"your own tasks (GET {s.api_url}/v1/tasks lists the shipped ones)"),
+            ("python examples/grpo_cpu.py", "a longer GRPO run, with a reward plot"),
         ]
-    return "\n".join(lines)
+    width = max(len(c) for c, why in commands if why)
+    lines = [f"  {c:<{width}}  # {why}" if why else f"  {c}" for c, why in commands]
+    return "\n".join(["", "next:", *lines])
 
 
 def _wait_for_stop(stack: EmbeddedStack, console: Console) -> None:
