@@ -15,8 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-#: where the embedded stack keeps its SQLite file, token and logs.
-DEFAULT_DATA_DIR = Path.home() / ".rollout-farm"
+from farm.constants import DEFAULT_DATA_DIR
 
 
 class DatabaseSettings(BaseModel):

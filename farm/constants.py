@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
+
+#: where the embedded stack keeps its SQLite file, token and logs (``FARM_DATA_DIR``).
+DEFAULT_DATA_DIR = Path.home() / ".rollout-farm"
+#: the API token's file in the data directory: the CLI and the client read it when no token is given.
+TOKEN_FILE_NAME = "token"
 
 
 class Stage(StrEnum):

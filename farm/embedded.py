@@ -27,7 +27,7 @@ import httpx
 from pydantic import SecretStr
 
 from farm.config import Settings
-from farm.constants import Stage, sandbox_checks_key
+from farm.constants import TOKEN_FILE_NAME, Stage, sandbox_checks_key
 from farm.db import migrate
 from farm.db.session import make_engine
 from farm.errors import ConfigError
@@ -57,7 +57,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 def token_file(settings: Settings) -> Path:
-    return settings.data_dir / "token"
+    return settings.data_dir / TOKEN_FILE_NAME
 
 
 def ensure_token(settings: Settings) -> Settings:
@@ -332,6 +332,24 @@ class EmbeddedStack:
         with contextlib.suppress(OSError):
             return "\n".join(service.log_path.read_text(errors="replace").splitlines()[-lines:])
         return ""
+
+    def serve_until_stopped(self) -> Service | None:
+        """Block until Ctrl-C or SIGTERM (then None) or until a service exits (then that one)."""
+        stopping = False
+
+        def stop(*_: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            while not stopping:
+                if dead := self.failed():
+                    return dead[0]
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        return None
 
     def failed(self) -> list[Service]:
         return [s for s in self.services if s.process.poll() is not None]

@@ -120,18 +120,24 @@ class StageHistogram:
     sum: float
 
 
-def read_stage_histograms(redis: Redis) -> list[StageHistogram]:
-    keys = sorted(k.decode() if isinstance(k, bytes) else str(k) for k in redis.smembers(_STAGE_INDEX))
+def read_indexed_hashes(redis: Redis, index: str) -> list[tuple[str, dict[str, str]]]:
+    """Each hash the set ``index`` names, read in one round trip, by key (empty ones left out)."""
+    keys = sorted(_text(k) for k in redis.smembers(index))
     if not keys:
         return []
     pipe = redis.pipeline(transaction=False)
     for key in keys:
         pipe.hgetall(key)
+    return [
+        (key, {_text(k): _text(v) for k, v in raw.items()})
+        for key, raw in zip(keys, pipe.execute(), strict=True)
+        if raw
+    ]
+
+
+def read_stage_histograms(redis: Redis) -> list[StageHistogram]:
     out = []
-    for key, raw in zip(keys, pipe.execute(), strict=True):
-        if not raw:
-            continue
-        fields = {_text(k): _text(v) for k, v in raw.items()}
+    for key, fields in read_indexed_hashes(redis, _STAGE_INDEX):
         stage, _, task_type = key.removeprefix(_STAGE).partition(":")
         buckets = tuple(int(fields.get(f"b{i}", 0)) for i in range(len(STAGE_BUCKETS) + 1))
         out.append(StageHistogram(stage, task_type, buckets, int(fields.get("count", 0)), float(fields.get("sum", 0))))

@@ -52,8 +52,11 @@ def _mean(values: list[float] | list[int]) -> str:
 
 def summary_table(summaries: dict[str, TypeSummary], *, title: str) -> Table:
     table = Table(title=title)
-    for col in ("task type", "jobs", "outcomes", "mean reward", "turns", "tokens", "init s", "run s", "eval s"):
-        table.add_column(col, justify="left" if col in ("task type", "outcomes") else "right")
+    # How an episode ended and what it earned are two columns: "ok" is an episode that ran to its
+    # end and was scored, whatever its reward.
+    columns = ("task type", "jobs", "how episodes ended", "mean reward", "reward > 0")
+    for col in (*columns, "turns", "tokens", "init s", "run s", "eval s"):
+        table.add_column(col, justify="left" if col in ("task type", "how episodes ended") else "right")
     for name, s in sorted(summaries.items()):
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(s.outcomes.items()))
         table.add_row(
@@ -61,6 +64,7 @@ def summary_table(summaries: dict[str, TypeSummary], *, title: str) -> Table:
             str(s.jobs),
             outcomes,
             _mean(s.rewards),
+            f"{sum(r > 0 for r in s.rewards)}/{len(s.rewards)}" if s.rewards else "-",
             _mean(s.turns),
             _mean(s.tokens),
             _mean(s.stage_s["init_s"]),

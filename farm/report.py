@@ -93,15 +93,28 @@ def fetch_results(client: FarmClient, batch_id: int) -> list[JobResult]:
 def render(status: BatchStatus, results: list[JobResult], *, html_path: Path, png_path: Path | None) -> None:
     """Write the page (and the PNG, when asked) for a batch's results."""
     spans = job_spans(status, results)
+    # What has time on its x axis is one figure the page's width (lanes, load and throughput line
+    # up); the two per-task-type figures share the next row, half the width each.
     figures = {
-        "timeline": _alone(lambda lanes, load: _timeline(spans, lanes, load), size=(11, 6.5), ratios=[3, 1.3]),
-        "throughput": _alone(lambda ax: _throughput(spans, ax)),
-        "outcomes": _alone(lambda ax: _outcomes(spans, ax)),
-        "rewards": _alone(lambda ax: _rewards(spans, ax)),
+        "timeline": _alone(lambda *axes: _over_time(spans, *axes), size=(11, 8.5), ratios=TIME_RATIOS),
+        "outcomes": _alone(lambda ax: _outcomes(spans, ax), size=HALF_SIZE),
+        "rewards": _alone(lambda ax: _rewards(spans, ax), size=HALF_SIZE),
     }
     html_path.write_text(_page(status, spans, {name: _svg(fig) for name, fig in figures.items()}))
     if png_path is not None:
         _combined(spans).savefig(png_path, dpi=110)
+
+
+#: heights of the time figure's panels: job lanes, jobs per stage, jobs finished.
+TIME_RATIOS = [3.0, 1.3, 1.3]
+#: inches of a figure that takes half the page's width.
+HALF_SIZE = (6.2, 4.2)
+
+
+def _over_time(spans: list[JobSpan], ax_lanes: Any, ax_load: Any, ax_finished: Any) -> None:
+    _timeline(spans, ax_lanes, ax_load)
+    ax_load.set_xlabel("")
+    _throughput(spans, ax_finished)
 
 
 def _plt() -> Any:
@@ -122,14 +135,21 @@ def _timeline(spans: list[JobSpan], ax_lanes: Any, ax_load: Any) -> None:
     ax_lanes.set_ylim(-1, max(len(spans), 1))
     ax_lanes.set_title("each job's INIT, RUN and EVAL as they ran (gaps: waiting in the next queue)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in STAGE_COLOURS.values()]
-    ax_lanes.legend(handles, [s.upper() for s in STAGE_COLOURS], loc="upper left", ncols=3)
+    ax_lanes.legend(
+        handles,
+        [s.upper() for s in STAGE_COLOURS],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        borderaxespad=0,
+        fontsize="small",
+    )
     times, load = _stage_load(spans)
     for stage, colour in STAGE_COLOURS.items():
         ax_load.step(times, load[stage], where="post", color=colour, label=stage.upper())
     ax_load.set_ylabel("jobs in stage")
     ax_load.set_xlabel("seconds since the batch was submitted")
     ax_load.set_title("the three pools at work at once")
-    ax_load.legend(loc="upper right", ncols=3)
+    ax_load.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize="small")
 
 
 def _stage_load(spans: list[JobSpan]) -> tuple[list[float], dict[str, list[int]]]:
@@ -170,9 +190,10 @@ def _outcomes(spans: list[JobSpan], ax: Any) -> None:
         ax.bar(types, heights, bottom=bottom, label=outcome, color=OUTCOME_COLOURS.get(outcome, "#888888"))
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     ax.set_ylabel("jobs")
-    ax.set_title("outcomes per task type")
+    ax.set_title("how episodes ended, per task type")
     if outcomes:
-        ax.legend(fontsize="small")
+        # Beside the axes, never over a bar.
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
 def _rewards(spans: list[JobSpan], ax: Any) -> None:
@@ -207,13 +228,12 @@ def _alone(
 
 def _combined(spans: list[JobSpan]) -> Figure:
     plt = _plt()
-    fig = plt.figure(figsize=(14, 11))
-    grid = fig.add_gridspec(3, 3, height_ratios=[3, 1.3, 2.2])
+    fig = plt.figure(figsize=(13, 14))
+    grid = fig.add_gridspec(4, 2, height_ratios=[*TIME_RATIOS, 2.6])
     lanes = fig.add_subplot(grid[0, :])
-    _timeline(spans, lanes, fig.add_subplot(grid[1, :], sharex=lanes))
-    _throughput(spans, fig.add_subplot(grid[2, 0]))
-    _outcomes(spans, fig.add_subplot(grid[2, 1]))
-    _rewards(spans, fig.add_subplot(grid[2, 2]))
+    _over_time(spans, lanes, fig.add_subplot(grid[1, :], sharex=lanes), fig.add_subplot(grid[2, :], sharex=lanes))
+    _outcomes(spans, fig.add_subplot(grid[3, 0]))
+    _rewards(spans, fig.add_subplot(grid[3, 1]))
     fig.tight_layout()
     figure: Figure = fig
     return figure
@@ -252,16 +272,18 @@ def _page(status: BatchStatus, spans: list[JobSpan], svgs: dict[str, str]) -> st
 body {{ font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; }}
 table {{ border-collapse: collapse; margin: 1em 0; }}
 td, th {{ border: 1px solid #ccc; padding: 4px 10px; text-align: left; }}
-.row {{ display: flex; flex-wrap: wrap; gap: 1em; }}
-svg {{ max-width: 100%; height: auto; }}
+figure {{ margin: 1em 0; }}
+.pair {{ display: grid; grid-template-columns: 1fr 1fr; gap: 1.5em; }}
+@media (max-width: 800px) {{ .pair {{ grid-template-columns: 1fr; }} }}
+svg {{ width: 100%; height: auto; }}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
 <p id="summary">state <b>{html.escape(status.state.value)}</b>; {len(spans)} jobs ({html.escape(counts)});
 submitted {html.escape(status.created_at.isoformat(timespec="seconds"))}</p>
 <table id="per-type"><tr>{header}</tr>{"".join(rows)}</table>
 <h2>Pipeline</h2><figure id="timeline">{svgs["timeline"]}</figure>
-<div class="row">
-<figure id="throughput">{svgs["throughput"]}</figure>
+<h2>Outcomes and rewards</h2>
+<div class="pair">
 <figure id="outcomes">{svgs["outcomes"]}</figure>
 <figure id="rewards">{svgs["rewards"]}</figure>
 </div>

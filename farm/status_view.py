@@ -75,9 +75,13 @@ def _pools(overview: Overview) -> Table:
 
 
 def _backends(overview: Overview) -> Table:
-    table = Table(title="LLM backends", title_justify="left")
-    for column in ("backend", "kind", "model", "load", "in flight", "healthy", "weights"):
-        table.add_column(column)
+    # Capacity is a soft cap: the balancer gives a new job the backend with the lowest in flight /
+    # capacity and never refuses one, so past it a backend queues the extra turns itself.
+    over = any(b.inflight > b.capacity for b in overview.backends)
+    caption = "capacity is a share, not a limit: jobs past it wait in the backend's own queue" if over else None
+    table = Table(title="LLM backends", title_justify="left", caption=caption, caption_justify="left")
+    for column in ("backend", "kind", "model", "load", "jobs (capacity)", "tokens/s", "healthy", "weights"):
+        table.add_column(column, justify="right" if column == "tokens/s" else "left")
     for b in overview.backends:
         share = b.inflight / b.capacity if b.capacity else 0.0
         table.add_row(
@@ -85,19 +89,27 @@ def _backends(overview: Overview) -> Table:
             b.kind,
             b.model or "-",
             ProgressBar(total=1.0, completed=min(share, 1.0), width=20),
-            f"{b.inflight}/{b.capacity}",
+            jobs_on_backend(b.inflight, b.capacity),
+            f"{b.tokens_per_s:.0f}" if b.tokens_per_s is not None else "-",
             Text("yes", style="green") if b.healthy else Text("no", style="red"),
             f"v{b.weight_version}",
         )
     if not overview.backends:
-        table.add_row("(none registered)", "", "", "", "", "", "")
+        table.add_row("(none registered)", "", "", "", "", "", "", "")
     return table
+
+
+def jobs_on_backend(inflight: int, capacity: int) -> Text:
+    """``12 (16)``; past the capacity ``20 (16, 4 queued)``: the backend holds them, nothing is lost."""
+    if inflight <= capacity:
+        return Text(f"{inflight} ({capacity})")
+    return Text(f"{inflight} ({capacity}, {inflight - capacity} queued)", style="yellow")
 
 
 def _batches(overview: Overview) -> Table:
     table = Table(title="running batches", title_justify="left")
-    for column in ("batch", "progress", "finished", "in stages", "outcomes so far"):
-        table.add_column(column)
+    for column in ("batch", "progress", "finished", "in stages", "outcomes so far", "reward", "tokens/s", "time left"):
+        table.add_column(column, justify="right" if column in {"reward", "tokens/s", "time left"} else "left")
     for b in overview.batches:
         counts = ", ".join(f"{s.value} {n}" for s, n in b.counts.items() if n and not s.terminal)
         outcomes = ", ".join(f"{o.value} {n}" for o, n in sorted(b.outcomes.items()) if n)
@@ -107,10 +119,28 @@ def _batches(overview: Overview) -> Table:
             f"{b.finished_jobs}/{b.total_jobs}",
             counts or "-",
             outcomes or "-",
+            reward_text(b),
+            f"{b.tokens_per_s:.0f}" if b.tokens_per_s is not None else "-",
+            duration(b.eta_s) if b.eta_s is not None else "-",
         )
     if not overview.batches:
-        table.add_row("(none)", "", "", "", "")
+        table.add_row("(none)", "", "", "", "", "", "", "")
     return table
+
+
+def reward_text(b: BatchStatus) -> str:
+    """``0.42 (n=17)``: the mean over the scored jobs, and how many that is."""
+    return f"{b.reward_mean:.2f} (n={b.scored})" if b.reward_mean is not None else "-"
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``12m05s``, ``3h20m``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def batch_view(batch: BatchStatus) -> Table:
@@ -124,6 +154,14 @@ def batch_view(batch: BatchStatus) -> Table:
     table.add_row("jobs", f"{batch.finished_jobs}/{batch.total_jobs} finished (groups of {batch.group_size})")
     table.add_row("by state", ", ".join(f"{s.value} {n}" for s, n in batch.counts.items() if n) or "-")
     table.add_row("outcomes", ", ".join(f"{o.value} {n}" for o, n in sorted(batch.outcomes.items()) if n) or "-")
+    table.add_row("reward", reward_text(batch) if batch.scored else "- (no job scored yet)")
+    pace = f", {batch.tokens_per_s:.0f} tokens/s" if batch.tokens_per_s is not None else ""
+    sampled = f"{batch.sampled_tokens} sampled tokens" if batch.sampled_tokens is not None else "tokens not known"
+    table.add_row("tokens", f"{sampled}{pace}")
+    running = (
+        f"running for {duration(batch.elapsed_s)}" if batch.finished_at is None else f"took {duration(batch.elapsed_s)}"
+    )
+    table.add_row("time", running + (f", about {duration(batch.eta_s)} left" if batch.eta_s is not None else ""))
     table.add_row("history", batch.history)
     if batch.dynamic is not None:
         d = batch.dynamic

@@ -16,13 +16,13 @@ import httpx
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from farm import metrics
+from farm import metrics, signals
 from farm.api.deps import AppState
-from farm.constants import JobState, Outcome, Stage, queue_name
+from farm.constants import BatchState, JobState, Outcome, Stage, queue_name
 from farm.db import reads
-from farm.db.models import Job, Node
+from farm.db.models import Batch, Job, Node
 from farm.llm.balancer import Backend
-from farm.schemas import QueueOut
+from farm.schemas import BatchStatus, QueueOut
 
 BACKEND_TIMEOUT_S = 1.0
 #: what is read from each backend's /metrics, and the name it gets here.
@@ -42,6 +42,8 @@ def render(state: AppState, db: Session) -> str:
     _workers(out, state)
     _backends(out, state.balancer.backends())
     _sandboxes_and_proxy(out, state)
+    _signals(out, state)
+    _running_batches(out, db)
     return out.text()
 
 
@@ -57,7 +59,7 @@ def _jobs(out: metrics.Exposition, db: Session) -> None:
     out.family("farm_jobs_finished_total", "counter", "Jobs that ended, by task type and outcome.")
     for task_type in sorted({t for t, _ in finished}):
         for outcome in Outcome:  # every outcome of a type that has ended once, zeros included
-            labels = {"type": task_type, "outcome": outcome.value}
+            labels = {"type": task_type, "outcome": outcome.value if outcome else ""}
             out.sample("farm_jobs_finished_total", finished.get((task_type, outcome.value), 0), labels)
 
 
@@ -181,3 +183,72 @@ def _sandboxes_and_proxy(out: metrics.Exposition, state: AppState) -> None:
     out.family("farm_proxy_calls_total", "counter", "Calls through the OpenAI/Anthropic proxy, by how they ended.")
     for outcome in sorted({"ok", "failed", *calls}):
         out.sample("farm_proxy_calls_total", calls.get(outcome, 0), {"outcome": outcome})
+
+
+#: help text of the figures ``farm.signals`` keeps.
+SIGNAL_HELP = {
+    "farm_reward": "Rewards of scored jobs, by task type (mean: _sum / _count).",
+    "farm_episode_turns": "Model turns per recorded episode, by task type.",
+    "farm_episode_tokens": "Tokens per recorded episode (prompt, observations and sampled), by task type.",
+    "farm_proxy_call_seconds": "How long a recorded proxy call took, from its arrival to its answer.",
+    "farm_sampled_tokens_total": "Tokens the model sampled in recorded episodes (loss mask 1), by task type.",
+    "farm_prompt_tokens_total": "Episode tokens the model did not sample (prompt, observations), by task type.",
+    "farm_backend_sampled_tokens_total": "Tokens each backend sampled (built-in loop and proxy calls).",
+    "farm_backend_prompt_tokens_total": "Prompt tokens each backend was sent (every call's whole prompt).",
+}
+_SIGNAL_COUNTERS = ("farm_sampled_tokens_total", "farm_prompt_tokens_total")
+_BACKEND_COUNTERS = ("farm_backend_sampled_tokens_total", "farm_backend_prompt_tokens_total")
+
+
+def _signals(out: metrics.Exposition, state: AppState) -> None:
+    by_family: dict[str, list[signals.Histogram]] = {family: [] for family in signals.HISTOGRAMS}
+    for h in signals.read_histograms(state.redis):
+        by_family[h.family].append(h)
+    for family, bounds in signals.HISTOGRAMS.items():
+        out.family(family, "histogram", SIGNAL_HELP[family])
+        for h in by_family[family]:
+            out.histogram(family, bounds, h.buckets, h.sum, h.labels)
+    counters = signals.read_counters(state.redis, _SIGNAL_COUNTERS + _BACKEND_COUNTERS)
+    for family in _SIGNAL_COUNTERS + _BACKEND_COUNTERS:
+        out.family(family, "counter", SIGNAL_HELP[family])
+        for labels, n in counters[family]:
+            out.sample(family, n, labels)
+    backends = state.balancer.backends()
+    rates = signals.recent_tokens_per_s(state.redis, [b.id for b in backends])
+    out.family(
+        "farm_backend_sampled_tokens_per_second",
+        "gauge",
+        f"Tokens each backend sampled per second over the last {signals.RECENT_WINDOW_S} s (calls that ended).",
+    )
+    for b in backends:
+        out.sample("farm_backend_sampled_tokens_per_second", rates.get(b.id, 0.0), {"backend": b.id, "kind": b.kind})
+
+
+def _running_batches(out: metrics.Exposition, db: Session) -> None:
+    """Outcomes and mean reward of each running batch by task type (running only: the series end with it)."""
+    rows = db.execute(
+        select(Job.batch_id, Job.type, Job.outcome, func.count(), func.sum(Job.reward), func.count(Job.reward))
+        .join(Batch, Batch.id == Job.batch_id)
+        .where(Batch.state == BatchState.RUNNING, Job.outcome.is_not(None))
+        .group_by(Job.batch_id, Job.type, Job.outcome)
+    ).all()
+    out.family("farm_batch_jobs_finished", "gauge", "Finished jobs of each running batch, by task type and outcome.")
+    rewards: dict[tuple[int, str], tuple[float, int]] = {}
+    for batch_id, task_type, outcome, n, reward_sum, scored in rows:
+        labels = {"batch": str(batch_id), "type": task_type, "outcome": outcome.value if outcome else ""}
+        out.sample("farm_batch_jobs_finished", n, labels)
+        if scored:
+            total, count = rewards.get((batch_id, task_type), (0.0, 0))
+            rewards[batch_id, task_type] = (total + float(reward_sum or 0.0), count + int(scored))
+    out.family("farm_batch_reward_mean", "gauge", "Mean reward of each running batch's scored jobs, by task type.")
+    for (batch_id, task_type), (total, count) in sorted(rewards.items()):
+        out.sample("farm_batch_reward_mean", total / count, {"batch": str(batch_id), "type": task_type})
+
+
+def with_tokens(state: AppState, status: BatchStatus) -> BatchStatus:
+    """The batch's status with its sampled tokens and their pace (kept in Redis, ``farm.signals``)."""
+    sampled = signals.batch_tokens(state.redis, status.id).get("sampled")
+    if sampled is None:
+        return status
+    pace = sampled / status.elapsed_s if status.elapsed_s > 0 else None
+    return status.model_copy(update={"sampled_tokens": sampled, "tokens_per_s": pace})

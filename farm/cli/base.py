@@ -100,8 +100,10 @@ class _FarmGroup(click.Group):
             ctx.exit(EXIT_FAILED)
         except httpx.TransportError as exc:
             url = str(exc.request.url.copy_with(path="/", query=None)) if _has_request(exc) else "the API"
+            # The client's own message names the URL already (``farm.client.base.naming_url``).
+            cause = exc.__cause__ if isinstance(exc.__cause__, httpx.TransportError) else exc
             console.print(
-                f"[red]error:[/] cannot reach the farm API at {url} ({exc or type(exc).__name__}); "
+                f"[red]error:[/] cannot reach the farm API at {url} ({cause or type(cause).__name__}); "
                 "is it up (`farm up`), and are --url or FARM_API__HOST/FARM_API__PORT right?",
                 highlight=False,
                 soft_wrap=True,  # one line however narrow the terminal: a script greps it

@@ -14,6 +14,26 @@ import click
 from farm.cli.base import EXIT_REFUSED, api_client, console, load_settings, main, print_json
 from farm.cli.base import out as stdout
 
+#: ``farm submit``'s tokens per model turn, unless the served model's context asks for fewer.
+DEFAULT_MAX_TOKENS = 1024
+#: a turn takes at most this share of the context: a multi-turn episode needs room for its prompt,
+#: its observations and several replies (1,024 on a 2,048-token model filled it in one turn).
+CONTEXT_SHARE = 8
+
+
+def _fitting_max_tokens(client: Any) -> int:
+    """``DEFAULT_MAX_TOKENS``, or less when the smallest context the farm's backends serve asks for it."""
+    contexts: list[int] = [b.context_tokens for b in client.overview().backends if b.healthy and b.context_tokens]
+    if not contexts or min(contexts) // CONTEXT_SHARE >= DEFAULT_MAX_TOKENS:
+        return DEFAULT_MAX_TOKENS
+    fitted = max(1, min(contexts) // CONTEXT_SHARE)
+    console.print(
+        f"max tokens per turn: {fitted} (1/{CONTEXT_SHARE} of the served model's {min(contexts)}-token context; "
+        "--max-tokens to choose)",
+        highlight=False,
+    )
+    return fitted
+
 
 def _read_tasks(path: Path) -> list[dict[str, Any]]:
     tasks = []
@@ -33,7 +53,12 @@ def _read_tasks(path: Path) -> list[dict[str, Any]]:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--group-size", "-n", type=int, default=1, show_default=True)
 @click.option("--temperature", type=float, default=1.0, show_default=True)
-@click.option("--max-tokens", type=int, default=1024, show_default=True)
+@click.option(
+    "--max-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help=f"per model turn (default: {DEFAULT_MAX_TOKENS}, at most 1/{CONTEXT_SHARE} of the served model's context)",
+)
 @click.option("--seed", type=int, default=None)
 @click.option("--idempotency-key", default=None)
 @click.option(
@@ -55,7 +80,7 @@ def submit(
     file: Path,
     group_size: int,
     temperature: float,
-    max_tokens: int,
+    max_tokens: int | None,
     seed: int | None,
     idempotency_key: str | None,
     history: Literal["exact", "template"] | None,
@@ -73,6 +98,8 @@ def submit(
 
     tasks = _read_tasks(file)
     with api_client(load_settings(), url) as client:
+        if max_tokens is None:
+            max_tokens = _fitting_max_tokens(client)
         try:
             batch = client.submit(
                 tasks,
@@ -225,8 +252,26 @@ def cancel(batch_id: int, as_json: bool, url: str | None) -> None:
 @main.command()
 @click.option("--tasks", "num_tasks", type=int, default=16, show_default=True)
 @click.option("--group-size", "-n", type=int, default=4, show_default=True)
-def demo(num_tasks: int, group_size: int) -> None:
-    """Start the embedded stack, run a demo batch through INIT/RUN/EVAL, show the results, stop."""
+@click.option(
+    "--learn-steps",
+    type=click.IntRange(min=0),
+    default=3,  # farm.demo.DEMO_LOOP.steps (not imported here: the CLI starts without it)
+    show_default=True,
+    help="GRPO steps of the closing learning loop (0: none)",
+)
+@click.option("--keep", is_flag=True, help="leave the stack up afterwards (Ctrl-C stops it)")
+def demo(num_tasks: int, group_size: int, learn_steps: int, keep: bool) -> None:
+    """Start the embedded stack, run a batch of the shipped task types through INIT/RUN/EVAL, then a
+    short GRPO loop that moves a reward; results on stdout, progress on stderr; stop (unless --keep)."""
     from farm.demo import run_demo
 
-    sys.exit(run_demo(load_settings(), num_tasks=num_tasks, group_size=group_size, console=console))
+    code = run_demo(
+        load_settings(),
+        num_tasks=num_tasks,
+        group_size=group_size,
+        learn_steps=learn_steps,
+        keep=keep,
+        console=console,
+        out=stdout,
+    )
+    sys.exit(code)

@@ -3,10 +3,8 @@ embedded stack; and the node chores around them (migrations, reaping sandboxes).
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -137,26 +135,15 @@ def up(flower: bool) -> None:
     started = time.monotonic()
     stack.start(report=lambda step: console.print(f"[dim]{time.monotonic() - started:5.1f}s[/] {step}"))
     s = stack.settings
-    console.print(f"[bold green]farm is up[/]  API {s.api_url}  (docs {s.api_url}/docs)")
-    console.print(f"  redis {s.redis.url}   database {s.database_url}")
+    # Where the farm is: the command's result, on stdout (start-up steps went to stderr).
+    out.print(f"[bold green]farm is up[/]  API {s.api_url}  (docs {s.api_url}/docs)")
+    out.print(f"  redis {s.redis.url}   database {s.database_url}")
     if flower:
-        console.print(f"  flower http://127.0.0.1:{s.flower.port}")
-    console.print(f"  {token_hint(s)}   logs in {stack.log_dir}")
-    stopping = False
-
-    def _stop(*_: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
+        out.print(f"  flower http://127.0.0.1:{s.flower.port}")
+    out.print(f"  {token_hint(s)}   logs in {stack.log_dir}")
     try:
-        while not stopping:
-            if dead := stack.failed():
-                console.print(f"[red]{dead[0].name} exited:[/]\n{stack.tail(dead[0])}")
-                break
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+        if dead := stack.serve_until_stopped():
+            console.print(f"[red]{dead.name} exited:[/]\n{stack.tail(dead)}")
     finally:
         with console.status("stopping..."):
             stack.stop()

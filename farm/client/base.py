@@ -16,6 +16,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 import httpx
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from farm.client.binary import BINARY_ACCEPT, decode_page, is_binary
 from farm.client.retry import RetryPolicy
-from farm.constants import BatchState
+from farm.constants import DEFAULT_DATA_DIR, TOKEN_FILE_NAME, BatchState
 from farm.errors import api_error
 from farm.schemas import (
     ArrayEncoding,
@@ -229,6 +230,43 @@ def _invalid(exc: ValidationError) -> Exception:
 
 def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+class _CliToken:
+    def __repr__(self) -> str:
+        return "CLI_TOKEN"
+
+
+#: ``token=`` left out: the token the ``farm`` command would send (see ``cli_token``).
+CLI_TOKEN: Any = _CliToken()
+
+
+def cli_token() -> str | None:
+    """The token the ``farm`` command sends: ``FARM_API__TOKEN``, else the token file of
+    ``FARM_DATA_DIR`` (by default ``~/.rollout-farm/token``, which ``farm up`` writes), else none.
+
+    The client's one look at the environment, made only when ``token=`` is left out (as httpx's
+    ``trust_env``): a client-only install has no ``farm.config`` to ask."""
+    if token := os.environ.get("FARM_API__TOKEN"):
+        return token
+    data_dir = Path(os.environ["FARM_DATA_DIR"]) if os.environ.get("FARM_DATA_DIR") else DEFAULT_DATA_DIR
+    try:
+        return (data_dir / TOKEN_FILE_NAME).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def chosen_token(token: str | None) -> str | None:
+    return cli_token() if token is CLI_TOKEN else token
+
+
+def naming_url(exc: httpx.TransportError, request: httpx.Request) -> httpx.TransportError:
+    """The same failure, its message naming the URL the call could not reach (httpx's says only
+    ``[Errno 111] Connection refused``)."""
+    url = request.url.copy_with(query=None)
+    named = type(exc)(f"cannot reach the farm API at {url}: {exc or type(exc).__name__}", request=request)
+    named.__cause__ = exc
+    return named
 
 
 class BaseFarmClient(Generic[H]):

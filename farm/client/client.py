@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 import httpx
 
 from farm.client.base import (
+    CLI_TOKEN,
     DEFAULT_PAGE_SIZE,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WAIT_S,
@@ -26,7 +27,9 @@ from farm.client.base import (
     ResultsEncoding,
     Waiting,
     auth_headers,
+    chosen_token,
     groups_end,
+    naming_url,
     read_results_page,
 )
 from farm.client.binary import PageBuffer, body_buffer, decode_page
@@ -68,16 +71,19 @@ class FarmClient(TrialCalls):
         self,
         base_url: str,
         *,
-        token: str | None,
+        token: str | None = CLI_TOKEN,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         proxy_url: str | None = None,
     ) -> None:
         """``retry``: how calls whose answer says "try again" are sent again (``farm.client.retry``;
-        ``NO_RETRIES``: never). ``proxy_url``: the ``farm proxy`` process a trial's base URLs name
-        (unset: the API's own proxy, the one its answer names)."""
-        http = httpx.Client(base_url=base_url, headers=auth_headers(token), timeout=timeout_s, transport=transport)
+        ``NO_RETRIES``: never). ``token`` left out: the one the ``farm`` command sends
+        (``FARM_API__TOKEN``, else the token file ``farm up`` wrote: ``~/.rollout-farm/token``, or in
+        ``FARM_DATA_DIR``); None: send none. ``proxy_url``: the ``farm proxy`` process a trial's base
+        URLs name (unset: the API's own proxy, the one its answer names)."""
+        headers = auth_headers(chosen_token(token))
+        http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout_s, transport=transport)
         super().__init__(http, timeout_s=timeout_s, retry=retry, proxy_url=proxy_url)
         # Results pages, megabytes each, are read straight into their buffers where nothing of
         # httpx's own is in play (see farm.client.direct).
@@ -105,6 +111,8 @@ class FarmClient(TrialCalls):
                 return once()
             except (httpx.TransportError, ApiError) as exc:
                 if not retryable(exc, request) or (wait_s := attempts.wait_s()) is None:
+                    if isinstance(exc, httpx.TransportError):
+                        raise naming_url(exc, request) from exc
                     raise
             time.sleep(wait_s)
 
@@ -312,14 +320,14 @@ class AsyncFarmClient(AsyncTrialCalls):
         self,
         base_url: str,
         *,
-        token: str | None,
+        token: str | None = CLI_TOKEN,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         proxy_url: str | None = None,
     ) -> None:
         """See ``FarmClient``."""
-        headers = auth_headers(token)
+        headers = auth_headers(chosen_token(token))
         http = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s, transport=transport)
         super().__init__(http, timeout_s=timeout_s, retry=retry, proxy_url=proxy_url)
 
@@ -346,6 +354,8 @@ class AsyncFarmClient(AsyncTrialCalls):
                 return await once()
             except (httpx.TransportError, ApiError) as exc:
                 if not retryable(exc, request) or (wait_s := attempts.wait_s()) is None:
+                    if isinstance(exc, httpx.TransportError):
+                        raise naming_url(exc, request) from exc
                     raise
             await asyncio.sleep(wait_s)
 

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, selectinload
 from farm.constants import BatchState, JobState, Stage, StageStatus
 from farm.db import dynamic
 from farm.db.arrays import PackedSegment, encode_ids, encode_logprobs, encode_mask, unpack_ids, unpack_segments
+from farm.db.base import utcnow
 from farm.db.models import Batch, Group, Job, Trajectory
 from farm.errors import BatchNotFound, Conflict, JobNotFound, TrajectoryNotFound
 from farm.schemas import (
@@ -62,7 +63,19 @@ def batch_status(session: Session, batch_id: int) -> BatchStatus:
         )
         if outcome is not None
     }
+    reward_sum, scored = session.execute(
+        select(func.sum(Job.reward), func.count(Job.reward)).where(Job.batch_id == batch_id)
+    ).one()
+    elapsed_s = _elapsed_s(batch)
+    left = batch.total_jobs - batch.finished_jobs
+    eta_s = None
+    if batch.state is BatchState.RUNNING and batch.finished_jobs and elapsed_s > 0:
+        eta_s = left * elapsed_s / batch.finished_jobs
     return BatchStatus(
+        reward_mean=float(reward_sum or 0.0) / scored if scored else None,
+        scored=scored,
+        eta_s=eta_s,
+        elapsed_s=max(0.0, elapsed_s),
         id=batch.id,
         state=batch.state,
         created_at=batch.created_at,
@@ -76,6 +89,12 @@ def batch_status(session: Session, batch_id: int) -> BatchStatus:
         history=batch.history,
         dynamic=_dynamic_status(session, batch) if batch.dynamic is not None else None,
     )
+
+
+def _elapsed_s(batch: Batch) -> float:
+    """Seconds the batch has run: from its enqueueing (else creation) to its end, or to now."""
+    start = batch.enqueued_at or batch.created_at
+    return ((batch.finished_at or utcnow()) - start).total_seconds()
 
 
 def _dynamic_status(session: Session, batch: Batch) -> DynamicStatus:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from farm import signals
 from farm.config import LLMSettings
 from farm.errors import BackendsPaused, Cancelled, NoBackendAvailable, UpstreamConnectError, UpstreamError
 from farm.llm.balancer import Balancer, Lease
@@ -85,6 +86,7 @@ class LLMSession:
         honour_reject: bool = False,
         backend_wait_s: float = 0.0,
         executor: Executor | None = None,
+        count_tokens: bool = False,
     ) -> None:
         self.balancer = balancer
         #: threads for the balancer's Redis calls (None: the event loop's default pool, which has
@@ -108,6 +110,10 @@ class LLMSession:
         self.paused_s = 0.0
         #: the backend found for the next turn by the caller's own thread (``acquire_here``).
         self._found: Lease | None = None
+        #: the tokens each backend read and sampled for this session's turns (``farm.signals``);
+        #: sent to Redis at ``close`` when ``count_tokens``, else the caller sends them.
+        self.tokens = signals.Tally()
+        self.count_tokens = count_tokens
 
     def acquire_here(self) -> None:
         """Find the job's backend for the next turn on the calling thread (the balancer's call
@@ -175,6 +181,7 @@ class LLMSession:
             except UpstreamConnectError as exc:
                 await turn.unreachable(lease, exc)
                 continue
+            self.tokens.backend_tokens(lease.backend_id, prompt=len(prompt_ids), sampled=len(result.token_ids))
             if result.finish_reason is not FinishReason.ABORT:
                 return stamped(result, lease.weight_version)
             await turn.aborted(lease)
@@ -217,6 +224,8 @@ class LLMSession:
                 await turn.unreachable(lease, exc)
                 continue
             assert result is not None  # a stream ends with its result or raises
+            prompt = len(part.prompt_token_ids)
+            self.tokens.backend_tokens(lease.backend_id, prompt=prompt, sampled=len(result.token_ids))
             at = len(ids)
             ids += result.token_ids
             logprobs += result.logprobs
@@ -263,7 +272,12 @@ class LLMSession:
     async def close(self) -> None:
         """Release the job's backend slot (idempotent)."""
         self.drop_found()
-        await self._blocking(self.balancer.release, self.job_id)
+        await self._blocking(self._release)
+
+    def _release(self) -> None:
+        self.balancer.release(self.job_id)
+        if self.count_tokens:
+            self.tokens.send(self.balancer.redis)
 
 
 class _Turn:

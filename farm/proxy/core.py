@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from farm import metrics
+from farm import metrics, signals
 from farm.config import ProxySettings
 from farm.constants import trial_balancer_key
 from farm.errors import TrialEnded, TrialNotFound, Unauthorized
@@ -103,8 +103,9 @@ class ProxyCore:
         self._preparer = Preparer(recorder=recorder, ids=self._ids)
         self._pool = executor
         self._keys: dict[tuple[str, str], tuple[float, TrialContext]] = {}
-        #: calls recorded since the count last went to Redis.
+        #: calls recorded since the count last went to Redis, and their latency and tokens.
         self._ok_calls = 0
+        self._tally = signals.Tally()
         self._count_due = 0.0
 
     async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
@@ -116,6 +117,8 @@ class ProxyCore:
         count, self._ok_calls = self._ok_calls, 0
         if count:
             await self._in_thread(metrics.record_proxy_call, self.balancer.redis, "ok", count)
+        tally, self._tally = self._tally, signals.Tally()
+        await self._in_thread(tally.send, self.balancer.redis)
         await self.recorder.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -228,6 +231,7 @@ class ProxyCore:
         sampling = sampling_params(trial, request, default_max_tokens=self.settings.default_max_tokens)
         if isinstance(request, ChatRequest):
             check_chat(request)
+        arrived = time.monotonic()
         llm = LLMSession(
             balancer=self.balancer,
             job_id=trial_balancer_key(trial.id),
@@ -267,6 +271,8 @@ class ProxyCore:
             if build is not None:
                 build(done)  # a whole answer is recorded done only once it is built
             await self._record_finish(trial.id, begun, generation.generated)
+            self._tally.observe("farm_proxy_call_seconds", time.monotonic() - arrived)
+            self._tally.merge(llm.tokens)
         except BaseException as exc:
             llm.drop_found()
             await asyncio.shield(self._record_failure(trial.id, recording, exc, generation.yielded and request.stream))
@@ -357,6 +363,9 @@ class ProxyCore:
         count, self._ok_calls = self._ok_calls, 0
         if count:
             self._pool.submit(metrics.record_proxy_call, self.balancer.redis, "ok", count)
+        tally, self._tally = self._tally, signals.Tally()
+        if not tally.empty():
+            self._pool.submit(tally.send, self.balancer.redis)
 
 
 def _leased(llm: LLMSession, prepare: Callable[..., Prepared], *args: Any) -> Prepared:

@@ -79,3 +79,9 @@ class BackendOut(BaseModel):
     inflight: int
     healthy: bool
     weight_version: int
+    context_tokens: int | None = Field(
+        default=None, description="the served model's context length, as its /v1/models says (null: unknown)"
+    )
+    tokens_per_s: float | None = Field(
+        default=None, description="tokens it sampled per second over the last minute (overview only)"
+    )

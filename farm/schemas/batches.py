@@ -160,6 +160,19 @@ class BatchStatus(BaseModel):
     metadata: dict[str, Any]
     history: TrialHistory = DEFAULT_HISTORY
     dynamic: DynamicStatus | None = None
+    reward_mean: float | None = Field(default=None, description="mean reward of the scored jobs (none scored: null)")
+    scored: int = Field(default=0, description="jobs with a reward")
+    sampled_tokens: int | None = Field(
+        default=None, description="tokens the model sampled in the batch's recorded episodes (null: not known)"
+    )
+    tokens_per_s: float | None = Field(
+        default=None, description="sampled tokens per second since the batch was enqueued (to its end, if ended)"
+    )
+    elapsed_s: float = Field(default=0.0, description="seconds since the batch was enqueued (to its end, if ended)")
+    eta_s: float | None = Field(
+        default=None,
+        description="seconds left at the pace so far (running batches with a job finished; DAPO may end sooner)",
+    )
 
 
 class PassRate(BaseModel):

@@ -37,6 +37,7 @@ class LLMResources:
             job_id=str(job_id),
             clients=self._clients,
             backend_wait_s=self._settings.llm.backend_wait_s,
+            count_tokens=True,
         )
 
     @property

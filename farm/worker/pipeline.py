@@ -22,7 +22,7 @@ from psycopg_pool import PoolTimeout
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
-from farm import metrics
+from farm import metrics, signals
 from farm.constants import POLICY_OUTCOMES, Outcome, Stage, batch_events_channel
 from farm.db import teardowns
 from farm.db.base import utcnow
@@ -168,6 +168,7 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
         log.info("job %s %s: result discarded (%s)", job_id, stage.value, done.reason)
         return StageReport(job_id, stage, "discarded", done.reason, claim.type)
     metrics.record_stage(rt.redis, stage.value, claim.type, time.monotonic() - started)
+    signals.episode_recorded(rt.redis, claim.type, claim.batch_id, output.run_result, output.eval_result)
     if done.next_stage is not None:
         send_stage(app, job_id=job_id, stage=done.next_stage, node=done.node, task_id=done.next_task_id)
     if done.finished is not None:

@@ -100,8 +100,14 @@ class Sweeper:
             log.exception("cannot count this node's sandboxes")
         try:
             if self.reconciler.redis_was_emptied():
-                log.warning("Redis lost the farm's epoch (restarted empty?): sending everything owed again")
-                log.warning("sent %d owed stage message(s) again", self.reconciler.resend(everything=True))
+                # A new Redis has no epoch either (every embedded start): that is news only when
+                # something owed had to be sent again.
+                if sent := self.reconciler.resend(everything=True):
+                    log.warning(
+                        "Redis lost the farm's epoch (restarted empty?): sent %d owed stage message(s) again", sent
+                    )
+                else:
+                    log.info("Redis had no epoch (new, or restarted empty): set one; nothing owed was lost")
         except Exception:
             log.exception("epoch check failed")
         try:

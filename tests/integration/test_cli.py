@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -90,6 +91,7 @@ def test_status_and_cancel(stack: EmbeddedStack, tmp_path: Path):
     assert "farm ok" in glance.stdout and "pools" in glance.stdout and "running batches" in glance.stdout
     assert f"run.{node}" in glance.stdout and f"eval.{node}" in glance.stdout
     assert re.search(rf"^\W*{batch_id}\W.*0/1", glance.stdout, re.M), glance.stdout
+    assert all(column in glance.stdout for column in ("reward", "tokens/s", "time left")), glance.stdout
     overview = json.loads(farm_cli(stack, "status", "--json").stdout)
     assert {w["name"] for w in overview["workers"]} >= {f"init@{node}", f"run@{node}", f"eval@{node}"}
     assert int(batch_id) in [b["id"] for b in overview["batches"]]
@@ -102,6 +104,7 @@ def test_status_and_cancel(stack: EmbeddedStack, tmp_path: Path):
     summary = farm_cli(stack, "status", batch_id)
     assert summary.returncode == 0 and re.search(r"state\s+running", summary.stdout), summary.stdout
     assert re.search(r"jobs\s+0/1 finished", summary.stdout), summary.stdout
+    assert re.search(r"reward\s+- \(no job scored yet\)", summary.stdout) and "running for" in summary.stdout
     assert json.loads(farm_cli(stack, "status", batch_id, "--json").stdout)["id"] == int(batch_id)
     cancelled = farm_cli(stack, "cancel", batch_id, "--json")
     assert cancelled.returncode == 0 and json.loads(cancelled.stdout)["state"] == "cancelled"
@@ -150,8 +153,35 @@ def test_report_draws_the_batch_as_it_ran(stack: EmbeddedStack, tmp_path: Path):
     text = page.read_text()
     assert "<script" not in text and 'src="http' not in text  # self-contained: nothing to fetch
     dom = browse(page.as_uri(), screenshot=tmp_path / "shown.png")
-    assert dom.count("<svg") == 4 and "8 jobs" in dom and "done 8" in dom
+    assert dom.count("<svg") == 3 and "8 jobs" in dom and "done 8" in dom
     row = re.search(r"<tr><td>echo</td><td>8</td><td>ok 8</td><td>[\d.]+</td>(.*?)</tr>", dom)
     assert row is not None, "the per-type table has no echo row"
     init_s, run_s, eval_s = (float(x) for x in re.findall(r"<td>([\d.]+)</td>", row[1]))
     assert init_s >= 0.3 and run_s >= 0.6 and eval_s >= 0.2  # each stage's recorded duration, not its waits
+    # Laid out for a reader, as the browser draws it: the time figure the width of the page, the
+    # per-type figures side by side under it, each half of it (not three small charts on the left).
+    boxes = _layout(page, tmp_path)
+    timeline, outcomes, rewards = boxes["timeline"], boxes["outcomes"], boxes["rewards"]
+    assert timeline["width"] > 0.9 * boxes["body"]["width"]
+    assert outcomes["top"] >= timeline["bottom"] and abs(outcomes["top"] - rewards["top"]) < 2
+    assert outcomes["right"] <= rewards["left"] and min(outcomes["width"], rewards["width"]) > 0.4 * timeline["width"]
+
+
+def _layout(page: Path, tmp_path: Path) -> dict[str, dict[str, float]]:
+    """The report's figures' boxes as Chromium lays them out (a copy of the page with a script that
+    writes them into the DOM: the report itself has none)."""
+    measure = """<script>
+const box = (el) => { const r = el.getBoundingClientRect();
+  return {top: r.top, bottom: r.bottom, left: r.left, right: r.right, width: r.width}; };
+const out = {body: box(document.body)};
+for (const id of ["timeline", "outcomes", "rewards"]) out[id] = box(document.getElementById(id));
+const pre = document.createElement("pre"); pre.id = "layout"; pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);
+</script></body>"""
+    copy = tmp_path / "measured.html"
+    copy.write_text(page.read_text().replace("</body>", measure))
+    dom = browse(copy.as_uri(), screenshot=tmp_path / "measured.png", until=lambda d: 'id="layout"' in d)
+    found = re.search(r'<pre id="layout">(.*?)</pre>', dom)
+    assert found is not None, "the layout script did not run"
+    boxes: dict[str, dict[str, float]] = json.loads(html.unescape(found[1]))
+    return boxes

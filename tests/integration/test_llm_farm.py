@@ -237,9 +237,27 @@ def test_metrics_show_the_pipeline_an_operator_watches(llm_stack: EmbeddedStack,
     assert value(families, "farm_backend_up", backend=backend) == 1
     assert value(families, "farm_backend_prefix_cache_queries_total", backend=backend) > 0
     assert "farm_backend_prefix_cache_hits" in families and "farm_proxy_calls" in families
-    # The shipped dashboard asks only for series the farm serves.
+    # What an RL run is watched by: rewards, episodes and tokens by task type, tokens per backend.
+    assert kinds["farm_reward"] == kinds["farm_episode_turns"] == kinds["farm_episode_tokens"] == "histogram"
+    assert value(families, "farm_reward_count", type="generate") >= 3
+    assert value(families, "farm_reward_bucket", type="generate", le="+Inf") >= 3
+    assert value(families, "farm_episode_turns_sum", type="generate") >= value(
+        families, "farm_episode_turns_count", type="generate"
+    )  # a generate episode is one model turn
+    assert value(families, "farm_episode_turns_bucket", type="generate", le="1") >= 3
+    sampled = value(families, "farm_sampled_tokens_total", type="generate")
+    assert sampled >= 3 and value(families, "farm_prompt_tokens_total", type="generate") >= 3
+    assert value(families, "farm_episode_tokens_sum", type="generate") >= sampled
+    assert value(families, "farm_backend_sampled_tokens_total", backend=backend) >= sampled
+    assert value(families, "farm_backend_sampled_tokens_per_second", backend=backend) > 0
+    assert kinds["farm_proxy_call_seconds"] == "histogram" and kinds["farm_batch_jobs_finished"] == "gauge"
+    # The shipped dashboard asks only for series the farm serves (or declares: a histogram or a
+    # running batch's figure has no sample until one is recorded).
     dashboard = (Path(__file__).parents[2] / "deploy" / "grafana-dashboard.json").read_text()
     served = {s.name for family in families.values() for s in family.samples}
+    for name, family in families.items():
+        suffixes = ("_bucket", "_sum", "_count") if family.type == "histogram" else ("_total", "")
+        served |= {name + suffix for suffix in suffixes}
     asked = set(re.findall(r"\bfarm_[a-z_]+", dashboard)) - {"farm_"}
     assert asked and asked <= served, asked - served
 
@@ -255,3 +273,12 @@ def test_metrics_count_each_nodes_sandboxes(llm_stack: EmbeddedStack):
         timeout_s=30,
         what="the node's sandbox count",
     )
+
+
+def test_submit_fits_its_default_max_tokens_to_the_served_context(llm_stack: EmbeddedStack, llm_client: FarmClient):
+    from farm.cli.batch import CONTEXT_SHARE, DEFAULT_MAX_TOKENS, _fitting_max_tokens
+
+    (backend,) = [b for b in llm_client.overview().backends if b.kind == "builtin"]
+    context = backend.context_tokens
+    assert context is not None and context > 0  # the built-in backend's /v1/models max_model_len
+    assert _fitting_max_tokens(llm_client) == min(DEFAULT_MAX_TOKENS, context // CONTEXT_SHARE)

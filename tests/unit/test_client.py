@@ -232,7 +232,15 @@ def test_only_the_trainer_side_imports_the_client():
     from tests.unit.test_layers import _imports, _modules
 
     # What the farm itself runs (workers, proxy, LLM layer) shares code with the client only through layer 0.
-    trainer_side = {"farm.client", "farm.bridges", "farm.cli", "farm.demo", "farm.progress", "farm.report"}
+    trainer_side = {
+        "farm.client",
+        "farm.bridges",
+        "farm.learning",
+        "farm.cli",
+        "farm.demo",
+        "farm.progress",
+        "farm.report",
+    }
     server_side = {
         f"{module} imports {name}"
         for module, path in _modules()

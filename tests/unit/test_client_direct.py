@@ -231,9 +231,11 @@ def test_direct_reads_a_compressed_page_as_httpx_does(serve, path):
 
 
 def _failure(server: Server, path: str, **kwargs: object) -> tuple[type[BaseException], str]:
+    """The failure's type and httpx's own message (the client's names the URL, httpx's is its cause)."""
     with _client(server.url, path, **kwargs) as client, pytest.raises(httpx.TransportError) as info:
         client.results_page(1)
-    return type(info.value), str(info.value)
+    assert str(info.value).startswith(f"cannot reach the farm API at {server.url}"), info.value
+    return type(info.value), str(info.value.__cause__)
 
 
 @pytest.mark.parametrize(
@@ -264,7 +266,7 @@ def test_direct_timeouts_and_refusals_raise_what_httpx_raises(serve):
     for path in PATHS:
         with _client(url, path) as client, pytest.raises(httpx.ConnectError) as info:
             client.results_page(1)
-        refused.append(str(info.value))
+        refused.append(str(info.value.__cause__))
     assert refused == ["[Errno 111] Connection refused"] * 2
 
 

@@ -35,7 +35,9 @@ LAYERS: list[set[str]] = [
         "farm.trials",
         "farm.dynamic",
         "farm.bridges",
+        "farm.learning",
         "farm.metrics",
+        "farm.signals",
     },
     # A concept's logic over storage, the LLM layer and the handlers: the API calls it; it reaches
     # neither the API nor the workers (a batch's INIT is sent through the function it is given).

@@ -7,6 +7,7 @@ import re
 from dataclasses import asdict
 from typing import Annotated, Any
 
+import httpx
 from fastapi import APIRouter, Path, Response
 
 from farm.api.deps import State
@@ -32,7 +33,30 @@ BACKEND_LINKS: dict[str, Any] = {
 def backend_out(backend: Backend) -> BackendOut:
     fields = asdict(backend)
     fields["kind"] = str(backend.kind)
-    return BackendOut(**fields)
+    return BackendOut(**fields, context_tokens=context_tokens(backend))
+
+
+#: how long the API waits for a backend's model listing (once per backend and URL).
+CONTEXT_TIMEOUT_S = 1.0
+#: (backend id, url) -> the context length its ``/v1/models`` said (None: it said none).
+_contexts: dict[tuple[str, str], int | None] = {}
+
+
+def context_tokens(backend: Backend) -> int | None:
+    """The served model's context length (``max_model_len`` of its ``/v1/models``, as vLLM and the
+    built-in backend say it), read once per backend and URL; None while it cannot be read."""
+    key = (backend.id, backend.url)
+    if key in _contexts:
+        return _contexts[key]
+    try:
+        answer = httpx.get(f"{backend.url.rstrip('/')}/v1/models", timeout=CONTEXT_TIMEOUT_S)
+        answer.raise_for_status()
+        lengths = [m.get("max_model_len") for m in answer.json().get("data", []) if isinstance(m, dict)]
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None  # asked again next time: the backend may be starting
+    found = min((n for n in lengths if isinstance(n, int) and n > 0), default=None)
+    _contexts[key] = found
+    return found
 
 
 #: the longest backend id (the database column's length).

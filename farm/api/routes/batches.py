@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from farm.api.binary import BinaryPageResponse, binary_page, wants_binary
 from farm.api.deps import DB, BatchId, State
 from farm.api.errors import error_responses
+from farm.api.metrics import with_tokens
 from farm.batches import submit
 from farm.constants import BatchState, batch_cancel_key, batch_events_channel
 from farm.db import reads
@@ -93,8 +94,8 @@ def submit_batch(
     responses=ERRORS,
     summary="Batch status with counts",
 )
-def get_batch(batch_id: BatchId, db: DB) -> BatchStatus:
-    return reads.batch_status(db, batch_id)
+def get_batch(batch_id: BatchId, state: State, db: DB) -> BatchStatus:
+    return with_tokens(state, reads.batch_status(db, batch_id))
 
 
 #: the binary page as the spec describes it (the JSON page is ``ResultsPage``).

@@ -6,15 +6,15 @@ from fastapi import APIRouter
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from farm import metrics
+from farm import metrics, signals
 from farm.api.deps import DB, AppState, State
-from farm.api.metrics import queue_lengths
+from farm.api.metrics import queue_lengths, with_tokens
 from farm.api.routes.backends import backend_out
 from farm.constants import BatchState, Stage
 from farm.db import reads
 from farm.db.budget import api_pools
 from farm.db.models import Batch
-from farm.schemas import DatabaseOut, Overview, WorkerOut
+from farm.schemas import BackendOut, DatabaseOut, Overview, WorkerOut
 
 router = APIRouter(prefix="/v1", tags=["health"])
 
@@ -41,11 +41,17 @@ def overview(state: State, db: DB) -> Overview:
     return Overview(
         workers=workers,
         queues=queue_lengths(state, db),
-        backends=[backend_out(b) for b in state.balancer.backends()],
+        backends=_backends(state),
         sandboxes=metrics.read_sandboxes(state.redis),
-        batches=[reads.batch_status(db, batch_id) for batch_id in running],
+        batches=[with_tokens(state, reads.batch_status(db, batch_id)) for batch_id in running],
         database=_database(state, db, workers),
     )
+
+
+def _backends(state: AppState) -> list[BackendOut]:
+    backends = [backend_out(b) for b in state.balancer.backends()]
+    rates = signals.recent_tokens_per_s(state.redis, [b.id for b in backends])
+    return [b.model_copy(update={"tokens_per_s": rates.get(b.id)}) for b in backends]
 
 
 def _database(state: AppState, db: Session, workers: list[WorkerOut]) -> DatabaseOut | None:

@@ -277,3 +277,10 @@ def test_proxy_calls_are_counted_in_metrics(new_trial: Any, proxy_stack: Any) ->
         time.sleep(0.05)
     time.sleep(COUNT_EVERY_S * 1.5)  # and nothing more comes
     assert ok_calls() == before + 2
+    # Each recorded call's latency, and the tokens its backend read and sampled, sent with the count.
+    families = scrape(proxy_stack.settings.api_url, "e2e-token")
+    assert value(families, "farm_proxy_call_seconds_count") >= 2
+    assert value(families, "farm_proxy_call_seconds_sum") > 0
+    backend = f"builtin@{proxy_stack.settings.worker.node}"
+    assert value(families, "farm_backend_sampled_tokens_total", backend=backend) >= 2
+    assert value(families, "farm_backend_prompt_tokens_total", backend=backend) > 0

@@ -123,7 +123,7 @@ def test_harbor_reward_json_metrics(tiny_tokenizer: Any, sandboxes: Any) -> None
     )
     assert out.eval is not None
     assert out.eval.reward == 1.0, out.eval.info
-    assert out.eval.metrics["cases_passed"] == out.eval.metrics["cases_total"] == 4
+    assert out.eval.metrics["cases_passed"] == out.eval.metrics["cases_total"] == 3
     assert out.eval.info["harbor"]["source"] == "reward.json"
 
 

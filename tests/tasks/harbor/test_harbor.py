@@ -84,7 +84,7 @@ def test_run_verifier_reference_solution_scores_one(tmp_path, name):
 
 def test_run_verifier_reward_json_metrics(tmp_path):
     result = verify(tmp_path, load_task(EXAMPLES_DIR / "fix-count-lines"), solve=False)
-    assert result.source == "reward.json" and result.metrics["cases_passed"] == 1.0
+    assert result.source == "reward.json" and result.metrics["cases_passed"] == 0.0
 
 
 def test_run_verifier_uses_fresh_tests_not_the_agents(tmp_path):
