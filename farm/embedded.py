@@ -28,8 +28,6 @@ from pydantic import SecretStr
 
 from farm.config import Settings
 from farm.constants import TOKEN_FILE_NAME, Stage, sandbox_checks_key
-from farm.db import migrate
-from farm.db.session import make_engine
 from farm.errors import ConfigError
 
 #: how long services get to come up, and to stop after SIGTERM before SIGKILL.
@@ -143,6 +141,11 @@ class EmbeddedStack:
             proxy = self.settings.proxy.model_copy(update={"socket": self.settings.data_dir / "proxy.sock"})
             self.settings = self.settings.model_copy(update={"proxy": proxy}, deep=True)
         report(f"migrating the database {self.settings.database_url}")
+        # Here, not at import: every `farm` command that reads the token file imports this module,
+        # and alembic with SQLAlchemy cost a second of its start.
+        from farm.db import migrate
+        from farm.db.session import make_engine
+
         engine = make_engine(self.settings)
         try:
             migrate.upgrade(engine)
@@ -222,7 +225,7 @@ class EmbeddedStack:
         import redis
 
         from farm.db import backends as registry
-        from farm.db.session import make_session_factory, transaction
+        from farm.db.session import make_engine, make_session_factory, transaction
         from farm.llm.balancer import Balancer
 
         fields: dict[str, Any] = {

@@ -3,6 +3,7 @@ its sandbox self-check and its log set-up."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -136,6 +137,9 @@ def run_worker(
         stop_reaper.set()
         sweeper.stop()
         app.farm.close()
+        # The interpreter's last collection walks the whole heap (torch and transformers where a
+        # tokenizer was loaded): seconds on a small node at every stop. Nothing left needs it.
+        gc.freeze()
 
     quiet_task_logs(settings)
     signals.worker_ready.connect(_start, weak=False)

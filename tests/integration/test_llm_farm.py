@@ -15,7 +15,7 @@ import pytest
 from farm.client import FarmClient, to_arrays
 from farm.constants import JobState, Outcome
 from farm.embedded import EmbeddedStack
-from tests.integration.conftest import free_port, scripted_stack, wait_until
+from tests.integration.conftest import free_port, scripted_stack, side_redis_url, stack_settings, wait_until
 from tests.metrics import scrape, value
 from tests.trajectories import lists, trajectories, trajectory
 
@@ -169,18 +169,51 @@ def _only_backend(stack: EmbeddedStack, **backend) -> None:
         assert api.post("/v1/backends", json=backend).status_code == 201
 
 
+@pytest.fixture(scope="module")
+def misbehaving_stack(
+    tmp_path_factory: pytest.TempPathFactory, postgres_url: str, redis_url: str, tiny_model_dir: Path
+) -> Iterator[EmbeddedStack]:
+    """One farm for the misbehaving-backend cases, each of which replaces its backends: a database of
+    its own (the backend registry lives there) and a Redis database of its own. Two attempts per stage
+    and a one-second wait for a healthy backend (instead of 30) keep each case short. It serves no
+    model: the wrong-model case points at the module's built-in backend."""
+    import redis
+
+    from farm.testing import temporary_database
+
+    url = side_redis_url(redis_url, 1)
+    redis.Redis.from_url(url).flushdb()
+    with temporary_database(postgres_url, prefix="farm_mod", wait_for_disk=False) as database_url:
+        settings = stack_settings(
+            tmp_path_factory.mktemp("misbehaving-stack"),
+            redis_url=url,
+            database_url=database_url,
+            model_dir=tiny_model_dir,  # the policy's tokenizer
+            node="misbehavingnode",
+        )
+        settings = settings.model_copy(
+            update={
+                "worker": settings.worker.model_copy(update={"max_attempts": 2}),
+                "llm": settings.llm.model_copy(update={"backend_wait_s": 1.0}),
+            }
+        )
+        with EmbeddedStack(settings, with_flower=False, with_llm=False) as stack:
+            yield stack
+    redis.Redis.from_url(url).flushdb()
+
+
 @pytest.mark.parametrize("case", ["no answer", "malformed json", "unknown model"])
 def test_misbehaving_backend_fails_the_job_as_infrastructure(
-    case: str, make_stack, tiny_model_dir: Path, garbage_backend: str
+    case: str, misbehaving_stack: EmbeddedStack, llm_stack: EmbeddedStack, garbage_backend: str
 ):
-    # A farm of its own whose only backend misbehaves; two attempts per stage keep it short.
-    stack: EmbeddedStack = make_stack(model_dir=tiny_model_dir, with_llm=case == "unknown model", max_attempts=2)
+    # The module's farm for misbehaving backends, its only backend replaced by one that misbehaves.
+    stack = misbehaving_stack
     if case == "no answer":
         _only_backend(stack, id="silent", url=f"http://127.0.0.1:{free_port()}")
     elif case == "malformed json":
         _only_backend(stack, id="garbage", url=garbage_backend)
     else:
-        _only_backend(stack, id="wrong-model", url=stack.builtin_url, kind="builtin", model="no-such-model")
+        _only_backend(stack, id="wrong-model", url=llm_stack.builtin_url, kind="builtin", model="no-such-model")
     with FarmClient(stack.settings.api_url, token="e2e-token") as client:
         batch = client.submit([generate()])
         results = list(client.results(batch.id, wait_s=10))

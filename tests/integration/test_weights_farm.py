@@ -32,7 +32,8 @@ from tests.trajectories import lists, trajectories
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-LONG = "one two three four five six seven eight nine ten " * 10
+#: ~190 tokens of the tiny model: ~3.8 s of decoding at 20 ms a step, seconds after the tests' pause lands.
+LONG = "one two three four five six seven eight nine ten " * 6
 SCRIPT = {"rules": [{"match": "say it long", "turns": [LONG]}]}
 
 
@@ -53,6 +54,8 @@ def stack(
         node="weightsnode",
         rules=SCRIPT,
         builtin_step_time_ms=20.0,
+        # The API finishes or rolls back an update within half a second of its deadline, not two.
+        weight_redrive_interval_s=0.5,
     ) as stack:
         yield stack
 

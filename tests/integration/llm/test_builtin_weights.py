@@ -23,7 +23,8 @@ from tests.conftest import teacher_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-LONG = "one two three four five six seven eight nine ten " * 10
+#: ~190 tokens of the tiny model: ~3.8 s of decoding, seconds after the tests act on the turn.
+LONG = "one two three four five six seven eight nine ten " * 6
 SCRIPT = {"rules": [{"match": "say it long", "turns": [LONG]}]}
 STEP_MS = 20
 
@@ -66,9 +67,13 @@ async def wait_for_tokens(http: httpx.Client, at_least: int) -> int:
     return now
 
 
-async def long_turn(server: BuiltinServer, tokenizer, tag: str = "say it long") -> GenerateResult:
+async def long_turn(
+    server: BuiltinServer, tokenizer, tag: str = "say it long", max_tokens: int = 500
+) -> GenerateResult:
     async with VLLMClient(base_url=server.url, api="generate") as client:
-        request = GenerateRequest(prompt_token_ids=prompt_of(tokenizer, tag), sampling=SamplingParams(max_tokens=500))
+        request = GenerateRequest(
+            prompt_token_ids=prompt_of(tokenizer, tag), sampling=SamplingParams(max_tokens=max_tokens)
+        )
         return await client.generate(request)
 
 
@@ -101,7 +106,7 @@ def test_pause_abort_ends_the_turn_and_holds_new_ones_until_resume(server, backe
         await wait_for_tokens(backend, 5)
         backend.post("/pause", params={"mode": "abort"})
         aborted = await turn
-        later = asyncio.create_task(long_turn(server, tiny_tokenizer, "short please"))
+        later = asyncio.create_task(long_turn(server, tiny_tokenizer, "short please", max_tokens=8))
         await asyncio.sleep(0.3)
         held = not later.done()
         backend.post("/resume")
@@ -125,7 +130,7 @@ def test_pause_wait_lets_the_turn_finish_and_holds_the_next(server, backend, tin
         at_pause = generated(backend)
         # Not frozen: its answer comes without a resume.
         result = await asyncio.wait_for(turn, timeout=10)
-        later = asyncio.create_task(long_turn(server, tiny_tokenizer, "short please"))
+        later = asyncio.create_task(long_turn(server, tiny_tokenizer, "short please", max_tokens=8))
         await asyncio.sleep(0.3)
         held = not later.done()
         after = generated(backend)

@@ -3,6 +3,7 @@ harness side is the real openai and anthropic SDKs pointed at the trial's base U
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -83,21 +84,68 @@ BASH_TOOL: Any = {
 }
 
 
+class _SharedStack:
+    """The one farm of this folder's proxy tests: started by the first module that asks for it, stopped
+    when the run leaves the folder (``pytest_runtest_teardown``) or at the session's end. A farm with
+    its built-in backend takes ~20 s to start: one per module cost minutes. (pytest's package scope
+    would need an ``__init__.py``, which would rename these modules.)"""
+
+    def __init__(self) -> None:
+        self.stack: EmbeddedStack | None = None
+        self._exit = contextlib.ExitStack()
+
+    def get(self, start: Callable[[contextlib.ExitStack], EmbeddedStack]) -> EmbeddedStack:
+        if self.stack is None:
+            self.stack = start(self._exit)
+        return self.stack
+
+    def stop(self) -> None:
+        self.stack = None
+        self._exit.close()
+
+
+_SHARED = _SharedStack()
+
+
+@pytest.fixture(scope="session")
+def _shared_proxy_stack() -> Iterator[_SharedStack]:
+    yield _SHARED
+    _SHARED.stop()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if nextitem is None or Path(__file__).parent not in nextitem.path.parents:
+        _SHARED.stop()
+
+
 @pytest.fixture(scope="module")
 def proxy_stack(
-    tmp_path_factory: pytest.TempPathFactory, module_pg_url: str, redis_url: str, tiny_model_dir: Path
-) -> Iterator[EmbeddedStack]:
-    """A farm whose built-in backend samples, except for prompts holding TOOL_WORD (scripted)."""
-    with scripted_stack(
-        tmp_path_factory.mktemp("proxy-stack"),
-        redis_url=redis_url,
-        redis_offset=0,
-        database_url=module_pg_url,
-        model_dir=tiny_model_dir,
-        node="proxytest",
-        rules=RULES,
-    ) as stack:
-        yield stack
+    _shared_proxy_stack: _SharedStack,
+    tmp_path_factory: pytest.TempPathFactory,
+    postgres_url: str,
+    redis_url: str,
+    tiny_model_dir: Path,
+) -> EmbeddedStack:
+    """A farm whose built-in backend samples, except for prompts holding TOOL_WORD (scripted), shared
+    by this folder's modules: a database of its own, and the Redis database 2 past the test one (the
+    modules here with farms of their own use the others)."""
+    from farm.testing import temporary_database
+
+    def start(exit: contextlib.ExitStack) -> EmbeddedStack:
+        database_url = exit.enter_context(temporary_database(postgres_url, prefix="farm_proxy", wait_for_disk=False))
+        return exit.enter_context(
+            scripted_stack(
+                tmp_path_factory.mktemp("proxy-stack"),
+                redis_url=redis_url,
+                redis_offset=2,
+                database_url=database_url,
+                model_dir=tiny_model_dir,
+                node="proxytest",
+                rules=RULES,
+            )
+        )
+
+    return _shared_proxy_stack.get(start)
 
 
 @pytest.fixture

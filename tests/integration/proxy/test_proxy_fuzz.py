@@ -316,7 +316,7 @@ def fuzz_stack(
     """A farm of its own on the tiny model, the proxy's bounds small so each is crossed cheaply."""
     import redis
 
-    url = side_redis_url(redis_url, 2)
+    url = side_redis_url(redis_url, 3)  # as test_proxy_hostile's; 2 is the folder's shared farm
     redis.Redis.from_url(url).flushdb()
     settings = stack_settings(
         tmp_path_factory.mktemp("fuzz-stack"),
