@@ -88,15 +88,22 @@ class Ended:
     reason: str
 
 
+def backstop_s(worker: WorkerSettings) -> float:
+    """How long past a limit the sweeper ends a job: after the stage's own worker had its turn (it
+    stops the stage ``limit_grace_s`` past the limit) and one lease renewal more, so a worker that is
+    alive ends its own stage and the sweeper ends only those of hung or lost workers."""
+    return 2 * worker.limit_grace_s + worker.lease_s / 3
+
+
 def end_overdue(conn: Connection, worker: WorkerSettings, *, now: datetime, teardown_due: datetime) -> list[Ended]:
-    """End (outcome ``timeout``) every job of a running batch whose stage ran ``limit_grace_s`` past
-    its limit, or whose wall budget ran out, however its worker fares; each one past INIT is owed its
-    teardown on its node in the same commit. Rows are locked SKIP LOCKED: a completion in progress
-    wins, and the job is looked at again next sweep."""
+    """End (outcome ``timeout``) every job of a running batch whose stage ran ``backstop_s`` past its
+    limit, or its wall budget, however its worker fares; each one past INIT is owed its teardown on
+    its node in the same commit. Rows are locked SKIP LOCKED: a completion in progress wins, and the
+    job is looked at again next sweep."""
     ended: list[Ended] = []
     for batch_id, stored in conn.execute(select(Batch.id, Batch.limits).where(Batch.state == BatchState.RUNNING)):
         limits = resolve(worker, stored)
-        grace = timedelta(seconds=limits.grace_s)
+        grace = timedelta(seconds=backstop_s(worker))
         shortest = timedelta(seconds=min(limits.init_s, limits.run_s, limits.eval_s)) + grace
         overdue = or_(
             and_(Job.stage_done.is_(False), Job.stage_started_at < now - shortest),
@@ -108,7 +115,7 @@ def end_overdue(conn: Connection, worker: WorkerSettings, *, now: datetime, tear
             .with_for_update(skip_locked=True)
         ).all()
         for job in jobs:
-            reason = _overdue_reason(limits, job, now)
+            reason = _overdue_reason(limits, job, now, backstop_s(worker))
             if reason is None:
                 continue
             if not job.stage_done:
@@ -121,9 +128,8 @@ def end_overdue(conn: Connection, worker: WorkerSettings, *, now: datetime, tear
     return ended
 
 
-def _overdue_reason(limits: Limits, job: JobRow, now: datetime) -> str | None:
+def _overdue_reason(limits: Limits, job: JobRow, now: datetime, grace: float) -> str | None:
     stage = STATE_STAGE[job.state]
-    grace = limits.grace_s
     if not job.stage_done and job.stage_started_at is not None:
         ran = (now - job.stage_started_at).total_seconds()
         allowed, field = limits.allowance(stage, init_at=job.init_at, now=job.stage_started_at)
