@@ -32,7 +32,7 @@ from farm.client.base import (
 from farm.client.binary import PageBuffer, body_buffer, decode_page
 from farm.client.direct import DirectPages
 from farm.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy, retryable
-from farm.client.steps import CarryCursor, Step, read_step
+from farm.client.steps import CarryCursor, Step, drain, read_step
 from farm.client.trials import AsyncTrialCalls, TrialCalls
 from farm.errors import ApiError
 from farm.schemas import (
@@ -187,6 +187,11 @@ class FarmClient(TrialCalls):
         quorum: all of it), and, with ``carry``, every carried job of earlier steps that ended since,
         each exactly once (``farm.client.steps``)."""
         return read_step(self, batch_id, carry, wait_s=wait_s)
+
+    def carried(self, carry: CarryCursor) -> list[JobResult]:
+        """The carried jobs that ended since ``carry``'s place, each once, without waiting (``step``
+        reads them too; this is for the end of training, or a trainer between steps)."""
+        return drain(self, carry)
 
     def cancel(self, batch_id: int) -> BatchStatus:
         return self._send(self._build_cancel(batch_id))
