@@ -4,10 +4,7 @@ tasks shows instead of being guessed at."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -15,24 +12,8 @@ from sqlalchemy.orm import Session
 from farm.constants import Outcome
 from farm.db.models import Batch, Group, Job, Trajectory
 from farm.db.reads import get_batch, readiness
+from farm.deadlines.shares import seconds_to
 from farm.schemas import BatchTail, TailShare, TaskTail
-
-#: the shares of a batch its tail is reported at.
-SHARES = (0.5, 0.9, 0.99, 1.0)
-
-
-def share_label(share: float) -> str:
-    return f"{share * 100:g}%"
-
-
-def seconds_to(created_at: datetime, finished: Iterable[datetime], total: int) -> dict[str, float | None]:
-    """Seconds from ``created_at`` until each share of ``total`` jobs had finished (None: not yet)."""
-    times = sorted(finished)
-    out: dict[str, float | None] = {}
-    for share in SHARES:
-        k = max(1, math.ceil(share * total - 1e-9))
-        out[share_label(share)] = (times[k - 1] - created_at).total_seconds() if len(times) >= k else None
-    return out
 
 
 @dataclass

@@ -314,6 +314,8 @@ def test_metrics_are_prometheus_text(api: TestClient):
     before = queued()
     api.post("/v1/batches", json=echo_batch(), headers=AUTH)
     assert queued() == before + 1
+    text = api.get("/metrics", headers=AUTH).text
+    assert "# TYPE farm_batch_seconds_to gauge" in text and "# TYPE farm_batch_carried_jobs gauge" in text
 
 
 def test_backends_redis_lost_are_registered_again_from_the_database(tmp_path, pg_url, redis_url, redis_client):
