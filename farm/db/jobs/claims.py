@@ -175,7 +175,7 @@ def _claim_locked(
             if batch_attempts is None:
                 reason, outcome = f"{stage.value} did not complete in {max_attempts} attempts", Outcome.INFRA_ERROR
             else:
-                reason = f"{stage.value} reached limits.max_attempts={batch_attempts} (its worker was lost)"
+                reason = f"{stage.value} did not complete within limits.max_attempts={batch_attempts}"
                 outcome = Outcome.TIMEOUT
             jobrows.finish(session, job, JobState.FAILED, now=now, outcome=outcome, reason=reason)
             return _handoff(job, stage, skip="attempts exhausted", gave_up=True)
