@@ -4,6 +4,7 @@ a job keeps, and the one commit that makes a batch ready (its rest cut in it, ne
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -97,7 +98,7 @@ def test_seconds_to_a_share_counts_the_share_of_the_whole_batch():
     assert seconds_to(t0, finished, 10)["50%"] is None, "4 of 10 finished: not half yet"
 
 
-def _submit(sessions: sessionmaker[Session], settings: Settings, **extra: object) -> int:
+def _submit(sessions: sessionmaker[Session], settings: Settings, **extra: Any) -> int:
     return submit_batch(sessions, settings, _request(**extra), key=None, send=lambda jobs: None).id
 
 
