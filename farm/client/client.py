@@ -32,7 +32,7 @@ from farm.client.base import (
 from farm.client.binary import PageBuffer, body_buffer, decode_page
 from farm.client.direct import DirectPages
 from farm.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy, retryable
-from farm.client.steps import CarryCursor, Step, drain, read_step
+from farm.client.steps import CarryCursor, Step, drain, drain_async, read_step, read_step_async
 from farm.client.trials import AsyncTrialCalls, TrialCalls
 from farm.errors import ApiError
 from farm.schemas import (
@@ -435,6 +435,14 @@ class AsyncFarmClient(AsyncTrialCalls):
     async def tail(self, batch_id: int) -> BatchTail:
         """See ``FarmClient.tail``."""
         return await self._send(self._build_tail(batch_id))
+
+    async def step(self, batch_id: int, carry: CarryCursor | None = None, *, wait_s: float = DEFAULT_WAIT_S) -> Step:
+        """See ``FarmClient.step``."""
+        return await read_step_async(self, batch_id, carry, wait_s=wait_s)
+
+    async def carried(self, carry: CarryCursor) -> list[JobResult]:
+        """See ``FarmClient.carried``."""
+        return await drain_async(self, carry)
 
     async def cancel(self, batch_id: int) -> BatchStatus:
         return await self._send(self._build_cancel(batch_id))

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from farm.constants import BatchState
-from farm.schemas import JobResult, ResultsPage
+from farm.schemas import BatchStatus, JobResult, ResultsPage
 
 if TYPE_CHECKING:
-    from farm.client.client import FarmClient
+    from farm.client.client import AsyncFarmClient, FarmClient
 
 
 class CarryCursor:
@@ -55,30 +55,49 @@ class Step:
     ready_reason: str | None = None
 
 
+def _take(page: ResultsPage, results: list[JobResult], after: int) -> tuple[int, bool]:
+    """Add a page's results of the step; returns the new cursor and whether the step is read."""
+    ready_seq = page.ready_seq
+    for item in page.items:
+        if ready_seq is not None and item.seq > ready_seq:
+            break
+        results.append(item)
+        after = item.seq
+    if ready_seq is not None:
+        return after, after >= ready_seq
+    return after, _all_read(page, after)
+
+
+def _registered(carry: CarryCursor | None, batch_id: int, ready_seq: int | None, status: BatchStatus) -> str | None:
+    """The step's reason; a batch with jobs carried past it joins the cursor."""
+    readiness = status.readiness
+    if ready_seq is None or readiness is None:
+        return None
+    if carry is not None and readiness.rest == "carry" and ready_seq < status.total_jobs:
+        carry.pending[batch_id] = ready_seq
+    return readiness.reason
+
+
+def _drained(carry: CarryCursor, batch_id: int, page: ResultsPage, out: list[JobResult]) -> bool:
+    """Add a carried page; True when the batch has no more to read now (and leaves the cursor if done)."""
+    out += page.items
+    carry.pending[batch_id] = page.next_cursor
+    if page.items:
+        return False
+    if _all_read(page, page.next_cursor):
+        del carry.pending[batch_id]
+    return True
+
+
 def read_step(client: FarmClient, batch_id: int, carry: CarryCursor | None, *, wait_s: float) -> Step:
     """See ``FarmClient.step``."""
     results: list[JobResult] = []
-    after = 0
-    while True:
+    after, done = 0, False
+    while not done:
         page = client.results_page(batch_id, after=after, wait_s=wait_s, until_ready=True)
-        ready_seq = page.ready_seq
-        for item in page.items:
-            if ready_seq is not None and item.seq > ready_seq:
-                break
-            results.append(item)
-            after = item.seq
-        if ready_seq is not None and after >= ready_seq:
-            break
-        if ready_seq is None and _all_read(page, after):
-            break
+        after, done = _take(page, results, after)
     carried = drain(client, carry) if carry is not None else []
-    reason = None
-    if ready_seq is not None:
-        status = client.status(batch_id)
-        readiness = status.readiness
-        reason = readiness.reason if readiness is not None else None
-        if carry is not None and readiness is not None and readiness.rest == "carry" and ready_seq < status.total_jobs:
-            carry.pending[batch_id] = ready_seq
+    reason = None if page.ready_seq is None else _registered(carry, batch_id, page.ready_seq, client.status(batch_id))
     return Step(batch_id=batch_id, results=results, carried=carried, ready_reason=reason)
 
 
@@ -86,15 +105,30 @@ def drain(client: FarmClient, carry: CarryCursor) -> list[JobResult]:
     """The carried jobs that ended since the cursor, without waiting; batches read to their end leave it."""
     out: list[JobResult] = []
     for batch_id, after in sorted(carry.pending.items()):
-        while True:
-            page = client.results_page(batch_id, after=after, wait_s=0)
-            out += page.items
-            after = page.next_cursor
-            carry.pending[batch_id] = after
-            if not page.items:
-                break
-        if _all_read(page, after):
-            del carry.pending[batch_id]
+        while not _drained(carry, batch_id, client.results_page(batch_id, after=after, wait_s=0), out):
+            after = carry.pending[batch_id]
+    return out
+
+
+async def read_step_async(client: AsyncFarmClient, batch_id: int, carry: CarryCursor | None, *, wait_s: float) -> Step:
+    """See ``AsyncFarmClient.step``."""
+    results: list[JobResult] = []
+    after, done = 0, False
+    while not done:
+        page = await client.results_page(batch_id, after=after, wait_s=wait_s, until_ready=True)
+        after, done = _take(page, results, after)
+    carried = await drain_async(client, carry) if carry is not None else []
+    status = None if page.ready_seq is None else await client.status(batch_id)
+    reason = None if status is None else _registered(carry, batch_id, page.ready_seq, status)
+    return Step(batch_id=batch_id, results=results, carried=carried, ready_reason=reason)
+
+
+async def drain_async(client: AsyncFarmClient, carry: CarryCursor) -> list[JobResult]:
+    """See ``drain``."""
+    out: list[JobResult] = []
+    for batch_id, after in sorted(carry.pending.items()):
+        while not _drained(carry, batch_id, await client.results_page(batch_id, after=after, wait_s=0), out):
+            after = carry.pending[batch_id]
     return out
 
 
