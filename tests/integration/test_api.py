@@ -265,7 +265,14 @@ def test_submit_enqueues_one_init_message_per_job(api: TestClient, redis_client)
 def test_results_long_poll_returns_empty_page_after_wait(api: TestClient):
     created = api.post("/v1/batches", json=echo_batch(), headers=AUTH).json()
     page = api.get(f"/v1/batches/{created['id']}/results", params={"wait_s": 0.3}, headers=AUTH).json()
-    assert page == {"items": [], "next_cursor": 0, "batch_state": "running", "remaining": 1, "finished": 0}
+    assert page == {
+        "items": [],
+        "next_cursor": 0,
+        "batch_state": "running",
+        "remaining": 1,
+        "finished": 0,
+        "ready_seq": None,
+    }
 
 
 def test_cancel_then_results_hold_every_job(api: TestClient):
