@@ -89,12 +89,17 @@ def readiness(batch: Batch) -> Readiness | None:
     if batch.quorum is None:
         return None
     quorum = Quorum.model_validate(batch.quorum)
-    past = 0 if batch.ready_seq is None else batch.total_jobs - batch.ready_seq
+    ready_at, reason, ready_seq = batch.ready_at, batch.ready_reason, batch.ready_seq
+    if ready_at is None and batch.state is BatchState.COMPLETE:
+        # Its last jobs ended before a worker settled it (moments, or a crash, until the sweeper
+        # does): every job finished, so its quorum is met, and the settle will say the same.
+        ready_at, reason, ready_seq = batch.finished_at, "quorum", batch.finished_jobs
+    past = 0 if ready_seq is None else batch.total_jobs - ready_seq
     return Readiness(
-        ready=batch.ready_at is not None,
-        reason=batch.ready_reason,
-        ready_at=batch.ready_at,
-        ready_seq=batch.ready_seq,
+        ready=ready_at is not None,
+        reason=reason,
+        ready_at=ready_at,
+        ready_seq=ready_seq,
         needed=quorum.needed(batch.total_jobs),
         rest=quorum.rest,
         carried=past if quorum.rest == "carry" else 0,
@@ -299,7 +304,9 @@ _JOB_TIMES = ("created_at", "init_at", "run_at", "eval_at", "finished_at")
 #: the page in one statement: the batch (no row: no such batch), its jobs past the cursor (none:
 #: one row of NULLs) and the trajectories of the done ones when asked for.
 _RESULTS_PAGE_SQL = f"""
-SELECT b.state, b.total_jobs - b.finished_jobs, b.finished_jobs, b.ready_seq,
+SELECT b.state, b.total_jobs - b.finished_jobs, b.finished_jobs,
+    COALESCE(b.ready_seq, CASE WHEN b.quorum IS NOT NULL AND b.state = '{BatchState.COMPLETE.value}'
+        THEN b.finished_jobs END),
     j.finish_seq, {", ".join(f"j.{c}" for c in _JOB_OUT_COLUMNS)},
     {", ".join(f"t.{c}" for c in _TRAJECTORY_COLUMNS)}
 FROM batches b
@@ -333,7 +340,9 @@ def results_rows(session: Session, batch_id: int, *, after: int, limit: int, tra
     if done:
         trajs = {t.job_id: t for t in session.scalars(select(Trajectory).where(Trajectory.job_id.in_(done)))}
     items = [(job.finish_seq or 0, job_out(job, with_stages=False), trajs.get(job.id)) for job in jobs]
-    return ResultRows(batch.state, batch.total_jobs - batch.finished_jobs, batch.finished_jobs, items, batch.ready_seq)
+    ready = readiness(batch)
+    ready_seq = None if ready is None else ready.ready_seq
+    return ResultRows(batch.state, batch.total_jobs - batch.finished_jobs, batch.finished_jobs, items, ready_seq)
 
 
 def _results_rows_pg(session: Session, batch_id: int, *, after: int, limit: int, trajectories: bool) -> ResultRows:
