@@ -103,6 +103,12 @@ class WorkerSettings(BaseModel):
     init_timeout_s: float = 600.0
     run_timeout_s: float = 3600.0
     eval_timeout_s: float = 1200.0
+    #: a job's wall budget from its first INIT to its end (every stage and attempt): past it the
+    #: job ends with outcome ``timeout``. A batch's ``limits`` may set this and the three above.
+    job_wall_s: float = Field(default=7200.0, gt=0)
+    #: how long past its limit a stage that ignores its deadline is left before the farm stops it
+    #: (the handler may end on its own at the deadline: an agent_timeout, which is scored).
+    limit_grace_s: float = Field(default=5.0, ge=0)
     #: attempts per stage before the job fails with an infrastructure outcome.
     max_attempts: int = 3
     retry_delay_s: float = 2.0

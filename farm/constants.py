@@ -50,6 +50,8 @@ class Outcome(StrEnum):
     INFRA_ERROR = "infra_error"
     HANDLER_ERROR = "handler_error"
     CANCELLED = "cancelled"
+    #: a limit the batch set (a stage's, the job's wall budget, its attempts) ended the job.
+    TIMEOUT = "timeout"
 
 
 #: outcomes of an episode the policy is responsible for; these jobs are scored.

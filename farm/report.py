@@ -23,6 +23,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from farm.constants import Outcome
+from farm.deadlines.shares import seconds_to
 from farm.schemas import BatchStatus, JobResult
 
 if TYPE_CHECKING:
@@ -100,7 +102,8 @@ def render(status: BatchStatus, results: list[JobResult], *, html_path: Path, pn
         "outcomes": _alone(lambda ax: _outcomes(spans, ax), size=HALF_SIZE),
         "rewards": _alone(lambda ax: _rewards(spans, ax), size=HALF_SIZE),
     }
-    html_path.write_text(_page(status, spans, {name: _svg(fig) for name, fig in figures.items()}))
+    svgs = {name: _svg(fig) for name, fig in figures.items()}
+    html_path.write_text(_page(status, spans, svgs, _tail(status, results)))
     if png_path is not None:
         _combined(spans).savefig(png_path, dpi=110)
 
@@ -247,7 +250,24 @@ def _svg(fig: Figure) -> str:
     return text[text.index("<svg") :]  # the XML prologue has no place inside HTML
 
 
-def _page(status: BatchStatus, spans: list[JobSpan], svgs: dict[str, str]) -> str:
+def _tail(status: BatchStatus, results: list[JobResult]) -> str:
+    """Time to 50/90/99/100% of the batch (cut jobs do not count as done), and its readiness."""
+    finished = [
+        r.job.finished_at for r in results if r.job.finished_at is not None and r.job.outcome is not Outcome.CANCELLED
+    ]
+    figures = seconds_to(status.created_at, finished, status.total_jobs)
+    cells = "".join(
+        f"<tr><td>{html.escape(share)}</td><td>{'-' if s is None else f'{s:.1f}'}</td></tr>"
+        for share, s in figures.items()
+    )
+    ready = ""
+    if (r := status.readiness) is not None:
+        said = f"ready ({r.reason}) at result {r.ready_seq}" if r.ready else "not ready yet"
+        ready = f'<p id="readiness">quorum {r.needed} jobs, rest {r.rest}: {said}; carried {r.carried}, cut {r.cut}</p>'
+    return f'<h2>Tail</h2><table id="tail"><tr><th>share done</th><th>seconds</th></tr>{cells}</table>{ready}'
+
+
+def _page(status: BatchStatus, spans: list[JobSpan], svgs: dict[str, str], tail: str = "") -> str:
     rows = []
     for task_type in sorted({s.type for s in spans}):
         mine = [s for s in spans if s.type == task_type]
@@ -281,6 +301,7 @@ svg {{ width: 100%; height: auto; }}
 <p id="summary">state <b>{html.escape(status.state.value)}</b>; {len(spans)} jobs ({html.escape(counts)});
 submitted {html.escape(status.created_at.isoformat(timespec="seconds"))}</p>
 <table id="per-type"><tr>{header}</tr>{"".join(rows)}</table>
+{tail}
 <h2>Pipeline</h2><figure id="timeline">{svgs["timeline"]}</figure>
 <h2>Outcomes and rewards</h2>
 <div class="pair">

@@ -127,6 +127,8 @@ def binary_page(rows: ResultRows, *, after: int) -> list[bytes | memoryview]:
         "remaining": rows.remaining,
         "finished": rows.finished,
     }
+    if rows.ready_seq is not None:  # a batch with a quorum, once ready; absent otherwise, as before
+        header["ready_seq"] = rows.ready_seq
     # NaN and infinity become null, as in the JSON answer (pydantic's default).
     text = pydantic_core.to_json(header, inf_nan_mode="null")
     text += b" " * (-(len(RESULTS_MAGIC) + 4 + len(text)) % RESULTS_ALIGN)

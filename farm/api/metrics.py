@@ -11,20 +11,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
 
 import httpx
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from farm import metrics, signals
 from farm.api.deps import AppState
 from farm.constants import BatchState, JobState, Outcome, Stage, queue_name
 from farm.db import reads
+from farm.db.base import utcnow
 from farm.db.models import Batch, Job, Node
+from farm.deadlines.shares import seconds_to
 from farm.llm.balancer import Backend
 from farm.schemas import BatchStatus, QueueOut
 
 BACKEND_TIMEOUT_S = 1.0
+#: batches whose tail /metrics shows: running ones and those finished this recently, at most this many.
+TAIL_WINDOW_S = 3600.0
+TAIL_BATCHES = 50
 #: what is read from each backend's /metrics, and the name it gets here.
 BACKEND_FIGURES = {
     "vllm:prefix_cache_queries_total": "farm_backend_prefix_cache_queries_total",
@@ -37,6 +43,7 @@ BACKEND_FIGURES = {
 def render(state: AppState, db: Session) -> str:
     out = metrics.Exposition()
     _jobs(out, db)
+    _tails(out, db)
     _stages(out, state)
     _queues(out, state, db)
     _workers(out, state)
@@ -61,6 +68,39 @@ def _jobs(out: metrics.Exposition, db: Session) -> None:
         for outcome in Outcome:  # every outcome of a type that has ended once, zeros included
             labels = {"type": task_type, "outcome": outcome.value if outcome else ""}
             out.sample("farm_jobs_finished_total", finished.get((task_type, outcome.value), 0), labels)
+
+
+def _tails(out: metrics.Exposition, db: Session) -> None:
+    """Each recent batch's time to 50/90/99/100% of its jobs, and its readiness (a quorum's batches)."""
+    since = utcnow() - timedelta(seconds=TAIL_WINDOW_S)
+    batches = db.execute(
+        select(Batch.id, Batch.created_at, Batch.total_jobs, Batch.ready_at, Batch.ready_seq, Batch.quorum)
+        .where(or_(Batch.state == BatchState.RUNNING, Batch.finished_at > since))
+        .order_by(Batch.id.desc())
+        .limit(TAIL_BATCHES)
+    ).all()
+    finished: dict[int, list[datetime]] = {b.id: [] for b in batches}
+    if batches:
+        rows = db.execute(
+            select(Job.batch_id, Job.finished_at).where(
+                Job.batch_id.in_(list(finished)), Job.finished_at.is_not(None), Job.outcome != Outcome.CANCELLED
+            )
+        )
+        for batch_id, at in rows:
+            if at is not None:
+                finished[batch_id].append(at)
+    out.family(
+        "farm_batch_seconds_to", "gauge", "Seconds from submit until a share of the batch's jobs finished (recent)."
+    )
+    for b in batches:
+        for share, seconds in seconds_to(b.created_at, finished[b.id], b.total_jobs).items():
+            if seconds is not None:
+                out.sample("farm_batch_seconds_to", seconds, {"batch": str(b.id), "share": share})
+    out.family("farm_batch_carried_jobs", "gauge", "Jobs past a ready batch's step (carried or cut), recent ones.")
+    for b in batches:
+        if b.ready_seq is not None:
+            rest = (b.quorum or {}).get("rest", "cancel")
+            out.sample("farm_batch_carried_jobs", b.total_jobs - b.ready_seq, {"batch": str(b.id), "rest": rest})
 
 
 def _stages(out: metrics.Exposition, state: AppState) -> None:

@@ -96,6 +96,7 @@ def validate(request: BatchCreate, settings: Settings) -> None:
         found.append((InvalidSpec, {"field": "group_size", "detail": detail}))
     found += _task_problems([(task.type, task.config) for task in request.tasks])
     found += [(InvalidSpec, problem) for problem in _dynamic_problems(request)]
+    found += [(InvalidSpec, problem) for problem in _quorum_problems(request, job_count)]
     if found:
         raise_problems(found)
 
@@ -160,6 +161,23 @@ def _dynamic_problems(request: BatchCreate) -> list[Problem]:
             "2 (group_size 1 would never be informative)"
         )
         found.append({"field": "group_size", "detail": detail})
+    return found
+
+
+def _quorum_problems(request: BatchCreate, job_count: int) -> list[Problem]:
+    quorum = request.quorum
+    if quorum is None:
+        return []
+    found: list[Problem] = []
+    if request.dynamic is not None:
+        detail = "a dynamic batch ends at its target_groups; a quorum applies only to a batch without `dynamic`"
+        found.append({"field": "quorum", "detail": detail})
+    elif quorum.min_jobs is not None and quorum.min_jobs > job_count:
+        detail = (
+            f"min_jobs {quorum.min_jobs} is more than the batch's {job_count} jobs "
+            f"({len(request.tasks)} tasks x group_size {request.group_size}); ask for at most {job_count}"
+        )
+        found.append({"field": "quorum.min_jobs", "detail": detail})
     return found
 
 

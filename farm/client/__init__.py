@@ -17,6 +17,7 @@ from __future__ import annotations
 from farm.client.arrays import TrajectoryArrays, decode_trajectory, to_arrays
 from farm.client.client import AsyncFarmClient, FarmClient
 from farm.client.retry import NO_RETRIES, RetryPolicy
+from farm.client.steps import CarryCursor, Step
 from farm.errors import (
     ApiError,
     Conflict,
@@ -27,11 +28,22 @@ from farm.errors import (
     Unavailable,
     UpstreamError,
 )
-from farm.schemas import DynamicSampling, GroupResult, JobResult, PassRateSkip, SamplingParams, task_key
+from farm.schemas import (
+    BatchLimits,
+    DynamicSampling,
+    GroupResult,
+    JobResult,
+    PassRateSkip,
+    Quorum,
+    SamplingParams,
+    task_key,
+)
 
 __all__ = [
     "ApiError",
     "AsyncFarmClient",
+    "BatchLimits",
+    "CarryCursor",
     "Conflict",
     "DynamicSampling",
     "FarmClient",
@@ -42,8 +54,10 @@ __all__ = [
     "NO_RETRIES",
     "NotFound",
     "PassRateSkip",
+    "Quorum",
     "RetryPolicy",
     "SamplingParams",
+    "Step",
     "TrajectoryArrays",
     "Unauthorized",
     "Unavailable",

@@ -30,7 +30,9 @@ from farm.schemas import (
     ArrayEncoding,
     BatchCreate,
     BatchCreated,
+    BatchLimits,
     BatchStatus,
+    BatchTail,
     DynamicSampling,
     GroupsPage,
     HandlerInfo,
@@ -39,6 +41,7 @@ from farm.schemas import (
     Overview,
     PassRate,
     PauseMode,
+    Quorum,
     ResultsPage,
     SamplingParams,
     TaskSet,
@@ -147,6 +150,8 @@ def _batch_body(
     on_stale: Literal["rerun", "mark"],
     dynamic: DynamicSampling | Mapping[str, Any] | None,
     history: TrialHistory | None = None,
+    limits: BatchLimits | Mapping[str, Any] | None = None,
+    quorum: Quorum | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     given = {
         "tasks": list(tasks),
@@ -157,6 +162,8 @@ def _batch_body(
         "on_stale": on_stale,
         "dynamic": dynamic,
         "history": history if history is not None else DEFAULT_HISTORY,
+        "limits": limits,
+        "quorum": quorum,
     }
     try:
         request = BatchCreate.model_validate(given)
@@ -172,6 +179,11 @@ def _batch_body(
         del body["dynamic"]
     if history is None:
         del body["history"]
+    for name, given_value in (("limits", limits), ("quorum", quorum)):
+        if given_value is None:
+            del body[name]
+        else:
+            body[name] = {k: v for k, v in body[name].items() if v is not None}
     return body
 
 
@@ -317,6 +329,8 @@ class BaseFarmClient(Generic[H]):
         on_stale: Literal["rerun", "mark"],
         dynamic: DynamicSampling | Mapping[str, Any] | None,
         history: TrialHistory | None = None,
+        limits: BatchLimits | Mapping[str, Any] | None = None,
+        quorum: Quorum | Mapping[str, Any] | None = None,
     ) -> Call[BatchCreated]:
         """A batch's submission, checked as the API checks it.
 
@@ -326,7 +340,9 @@ class BaseFarmClient(Generic[H]):
         # A key of its own when the caller gives none: a submit sent again after its answer was lost
         # (the API restarting, a connection reset) answers with the batch the first one made.
         headers = {"Idempotency-Key": idempotency_key or f"client-{uuid.uuid4().hex}"}
-        body = _batch_body(tasks, group_size, sampling, metadata, max_staleness, on_stale, dynamic, history)
+        body = _batch_body(
+            tasks, group_size, sampling, metadata, max_staleness, on_stale, dynamic, history, limits, quorum
+        )
         return self._call("POST", "/v1/batches", functools.partial(_model, BatchCreated), json=body, headers=headers)
 
     def _build_overview(self) -> Call[Overview]:
@@ -334,6 +350,9 @@ class BaseFarmClient(Generic[H]):
 
     def _build_status(self, batch_id: int) -> Call[BatchStatus]:
         return self._call("GET", f"/v1/batches/{batch_id}", functools.partial(_model, BatchStatus))
+
+    def _build_tail(self, batch_id: int) -> Call[BatchTail]:
+        return self._call("GET", f"/v1/batches/{batch_id}/tail", functools.partial(_model, BatchTail))
 
     def _build_cancel(self, batch_id: int) -> Call[BatchStatus]:
         return self._call("POST", f"/v1/batches/{batch_id}/cancel", functools.partial(_model, BatchStatus))
@@ -377,7 +396,15 @@ class BaseFarmClient(Generic[H]):
         return self._control(f"/v1/weights/updates/{update_id}/rollback", None)
 
     def _build_results_page(
-        self, batch_id: int, *, after: int, page_size: int, wait_s: float, encoding: ResultsEncoding, trajectories: bool
+        self,
+        batch_id: int,
+        *,
+        after: int,
+        page_size: int,
+        wait_s: float,
+        encoding: ResultsEncoding,
+        trajectories: bool,
+        until_ready: bool = False,
     ) -> httpx.Request:
         """A results page's request; its answer, binary or JSON, is read by ``read_results_page``
         (or read into a buffer first: ``farm.client.binary``)."""
@@ -388,6 +415,8 @@ class BaseFarmClient(Generic[H]):
             "encoding": "b64" if encoding == "binary" else encoding,
             "trajectories": trajectories,
         }
+        if until_ready:  # only when asked: a farm of an earlier release takes the request as it was
+            params["until_ready"] = True
         headers = {"Accept": BINARY_ACCEPT} if encoding == "binary" else None
         url, timeout = f"/v1/batches/{batch_id}/results", self._long(wait_s)
         return self._http.build_request("GET", url, params=params, headers=headers, timeout=timeout)

@@ -35,12 +35,15 @@ from farm.client.base import (
 from farm.client.binary import PageBuffer, body_buffer, decode_page
 from farm.client.direct import DirectPages
 from farm.client.retry import DEFAULT_RETRY, Attempts, RetryPolicy, retryable
+from farm.client.steps import CarryCursor, Step, drain, drain_async, read_step, read_step_async
 from farm.client.trials import AsyncTrialCalls, TrialCalls
 from farm.errors import ApiError
 from farm.schemas import (
     ArrayEncoding,
     BatchCreated,
+    BatchLimits,
     BatchStatus,
+    BatchTail,
     DynamicSampling,
     GroupResult,
     GroupsPage,
@@ -51,6 +54,7 @@ from farm.schemas import (
     Overview,
     PassRate,
     PauseMode,
+    Quorum,
     ResultsPage,
     SamplingParams,
     TaskSet,
@@ -139,6 +143,8 @@ class FarmClient(TrialCalls):
         on_stale: Literal["rerun", "mark"] = "rerun",
         dynamic: DynamicSampling | Mapping[str, Any] | None = None,
         history: TrialHistory | None = None,
+        limits: BatchLimits | Mapping[str, Any] | None = None,
+        quorum: Quorum | Mapping[str, Any] | None = None,
     ) -> BatchCreated:
         """Submit a batch. With ``idempotency_key``, a retried submit returns the same batch.
 
@@ -153,7 +159,11 @@ class FarmClient(TrialCalls):
         ``history`` is the batch's history policy where a chat template rewrites earlier turns:
         ``"exact"`` (the farm's default) keeps every sampled id, one segment per episode;
         ``"template"`` makes each rewrite start a segment, every one returned in
-        ``TrajectoryOut.segments`` (``to_arrays(..., segments="all")`` gives one row per segment)."""
+        ``TrajectoryOut.segments`` (``to_arrays(..., segments="all")`` gives one row per segment).
+
+        ``limits`` (``BatchLimits``): per-stage limits, a job's wall budget, attempts; a job past one
+        ends with outcome ``timeout``. ``quorum`` (``Quorum``): the share of the batch you need and
+        by when; read the batch with ``step`` (the rest is cancelled, or carried to a later step)."""
         call = self._build_submit(
             tasks,
             group_size=group_size,
@@ -164,6 +174,8 @@ class FarmClient(TrialCalls):
             on_stale=on_stale,
             dynamic=dynamic,
             history=history,
+            limits=limits,
+            quorum=quorum,
         )
         return self._send(call)
 
@@ -173,6 +185,21 @@ class FarmClient(TrialCalls):
 
     def status(self, batch_id: int) -> BatchStatus:
         return self._send(self._build_status(batch_id))
+
+    def tail(self, batch_id: int) -> BatchTail:
+        """Time to 50/90/99/100% of the batch, its readiness, and what was carried or cut by task."""
+        return self._send(self._build_tail(batch_id))
+
+    def step(self, batch_id: int, carry: CarryCursor | None = None, *, wait_s: float = DEFAULT_WAIT_S) -> Step:
+        """The batch's step once it is ready (its quorum met or its deadline passed; a batch without a
+        quorum: all of it), and, with ``carry``, every carried job of earlier steps that ended since,
+        each exactly once (``farm.client.steps``)."""
+        return read_step(self, batch_id, carry, wait_s=wait_s)
+
+    def carried(self, carry: CarryCursor) -> list[JobResult]:
+        """The carried jobs that ended since ``carry``'s place, each once, without waiting (``step``
+        reads them too; this is for the end of training, or a trainer between steps)."""
+        return drain(self, carry)
 
     def cancel(self, batch_id: int) -> BatchStatus:
         return self._send(self._build_cancel(batch_id))
@@ -239,10 +266,17 @@ class FarmClient(TrialCalls):
         wait_s: float = 0,
         encoding: ResultsEncoding = "binary",
         trajectories: bool = True,
+        until_ready: bool = False,
     ) -> ResultsPage:
         """One page of the results stream (see ``results``)."""
         request = self._build_results_page(
-            batch_id, after=after, page_size=page_size, wait_s=wait_s, encoding=encoding, trajectories=trajectories
+            batch_id,
+            after=after,
+            page_size=page_size,
+            wait_s=wait_s,
+            encoding=encoding,
+            trajectories=trajectories,
+            until_ready=until_ready,
         )
         # A page is asked for by its cursor: asking again reads the same results, none twice.
         return self._retrying(request, lambda: self._results_page_once(request))
@@ -382,6 +416,8 @@ class AsyncFarmClient(AsyncTrialCalls):
         on_stale: Literal["rerun", "mark"] = "rerun",
         dynamic: DynamicSampling | Mapping[str, Any] | None = None,
         history: TrialHistory | None = None,
+        limits: BatchLimits | Mapping[str, Any] | None = None,
+        quorum: Quorum | Mapping[str, Any] | None = None,
     ) -> BatchCreated:
         """See ``FarmClient.submit``."""
         call = self._build_submit(
@@ -394,6 +430,8 @@ class AsyncFarmClient(AsyncTrialCalls):
             on_stale=on_stale,
             dynamic=dynamic,
             history=history,
+            limits=limits,
+            quorum=quorum,
         )
         return await self._send(call)
 
@@ -403,6 +441,18 @@ class AsyncFarmClient(AsyncTrialCalls):
 
     async def status(self, batch_id: int) -> BatchStatus:
         return await self._send(self._build_status(batch_id))
+
+    async def tail(self, batch_id: int) -> BatchTail:
+        """See ``FarmClient.tail``."""
+        return await self._send(self._build_tail(batch_id))
+
+    async def step(self, batch_id: int, carry: CarryCursor | None = None, *, wait_s: float = DEFAULT_WAIT_S) -> Step:
+        """See ``FarmClient.step``."""
+        return await read_step_async(self, batch_id, carry, wait_s=wait_s)
+
+    async def carried(self, carry: CarryCursor) -> list[JobResult]:
+        """See ``FarmClient.carried``."""
+        return await drain_async(self, carry)
 
     async def cancel(self, batch_id: int) -> BatchStatus:
         return await self._send(self._build_cancel(batch_id))
@@ -469,10 +519,17 @@ class AsyncFarmClient(AsyncTrialCalls):
         wait_s: float = 0,
         encoding: ResultsEncoding = "binary",
         trajectories: bool = True,
+        until_ready: bool = False,
     ) -> ResultsPage:
         """See ``FarmClient.results_page``."""
         request = self._build_results_page(
-            batch_id, after=after, page_size=page_size, wait_s=wait_s, encoding=encoding, trajectories=trajectories
+            batch_id,
+            after=after,
+            page_size=page_size,
+            wait_s=wait_s,
+            encoding=encoding,
+            trajectories=trajectories,
+            until_ready=until_ready,
         )
         return await self._retrying(request, lambda: self._results_page_once(request))
 

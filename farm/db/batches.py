@@ -27,7 +27,9 @@ from farm.schemas.trials import DEFAULT_HISTORY
 def request_hash(request: BatchCreate) -> str:
     # The default history is left out, so a request hashes as it did before the field existed (an
     # idempotent resubmit across the upgrade is not a conflict).
-    exclude = {"history"} if request.history == DEFAULT_HISTORY else None
+    # So do limits and a quorum left unset.
+    exclude = {"history"} if request.history == DEFAULT_HISTORY else set()
+    exclude |= {name for name in ("limits", "quorum") if getattr(request, name) is None}
     body = json.dumps(request.model_dump(mode="json", exclude=exclude), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(body.encode()).hexdigest()
 
@@ -65,6 +67,8 @@ def create_batch(
         on_stale=request.on_stale if request.max_staleness is not None else None,
         history=request.history,
         dynamic=None if request.dynamic is None else request.dynamic.model_dump(mode="json"),
+        limits=None if request.limits is None else request.limits.model_dump(mode="json", exclude_none=True),
+        quorum=None if request.quorum is None else request.quorum.model_dump(mode="json", exclude_none=True),
         # A dynamic batch counts its whole pool until it stops, so no job's finish completes it early.
         total_jobs=request.group_size * len(request.tasks),
         finished_jobs=0,

@@ -83,6 +83,16 @@ class Batch(Base):
     groups_skipped: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     #: why a dynamic batch ended: target_reached or pool_exhausted.
     end_reason: Mapped[str | None] = mapped_column(String(32))
+    #: the limits the batch set (``farm.schemas.BatchLimits``, unset fields left out); None: the farm's.
+    limits: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    #: the batch's quorum and deadline (``farm.schemas.Quorum``); None: it is ready when it is complete.
+    quorum: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    #: when the quorum was met or the deadline passed (``farm.deadlines.ready``), and which; the
+    #: commit that sets them also cancels the rest (rest cancel) or leaves it running (carry).
+    ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    ready_reason: Mapped[str | None] = mapped_column(String(16))
+    #: finish positions 1..ready_seq are the batch's step; later ones were carried or cut.
+    ready_seq: Mapped[int | None] = mapped_column(Integer)
 
     groups: Mapped[list[Group]] = relationship(back_populates="batch", order_by="Group.index")
 

@@ -21,12 +21,15 @@ from farm.db.models import Batch, Group, Job, Trajectory
 from farm.errors import BatchNotFound, Conflict, JobNotFound, TrajectoryNotFound
 from farm.schemas import (
     ArrayEncoding,
+    BatchLimits,
     BatchStatus,
     DynamicStatus,
     GroupResult,
     GroupsPage,
     JobOut,
     JobResult,
+    Quorum,
+    Readiness,
     ResultsPage,
     StageRunOut,
     TrajectoryOut,
@@ -88,6 +91,32 @@ def batch_status(session: Session, batch_id: int) -> BatchStatus:
         metadata=batch.meta,
         history=batch.history,
         dynamic=_dynamic_status(session, batch) if batch.dynamic is not None else None,
+        limits=None if batch.limits is None else BatchLimits.model_validate(batch.limits),
+        readiness=readiness(batch),
+    )
+
+
+def readiness(batch: Batch) -> Readiness | None:
+    """Where a batch with a quorum stands: every job past its ready_seq was carried or cut (the cut
+    is in the commit that made it ready), so the batch row says it all."""
+    if batch.quorum is None:
+        return None
+    quorum = Quorum.model_validate(batch.quorum)
+    ready_at, reason, ready_seq = batch.ready_at, batch.ready_reason, batch.ready_seq
+    if ready_at is None and batch.state is BatchState.COMPLETE:
+        # Its last jobs ended before a worker settled it (moments, or a crash, until the sweeper
+        # does): every job finished, so its quorum is met, and the settle will say the same.
+        ready_at, reason, ready_seq = batch.finished_at, "quorum", batch.finished_jobs
+    past = 0 if ready_seq is None else batch.total_jobs - ready_seq
+    return Readiness(
+        ready=ready_at is not None,
+        reason=reason,
+        ready_at=ready_at,
+        ready_seq=ready_seq,
+        needed=quorum.needed(batch.total_jobs),
+        rest=quorum.rest,
+        carried=past if quorum.rest == "carry" else 0,
+        cut=past if quorum.rest == "cancel" else 0,
     )
 
 
@@ -284,6 +313,8 @@ class ResultRows(NamedTuple):
     remaining: int
     finished: int
     items: list[tuple[int, JobOut, Any]]
+    #: a batch with a quorum, once ready: its step's last finish position.
+    ready_seq: int | None = None
 
 
 #: the columns of a job that ``JobOut`` shows (its ``stages`` aside), in its field order.
@@ -293,6 +324,8 @@ _JOB_TIMES = ("created_at", "init_at", "run_at", "eval_at", "finished_at")
 #: one row of NULLs) and the trajectories of the done ones when asked for.
 _RESULTS_PAGE_SQL = f"""
 SELECT b.state, b.total_jobs - b.finished_jobs, b.finished_jobs,
+    COALESCE(b.ready_seq, CASE WHEN b.quorum IS NOT NULL AND b.state = '{BatchState.COMPLETE.value}'
+        THEN b.finished_jobs END),
     j.finish_seq, {", ".join(f"j.{c}" for c in _JOB_OUT_COLUMNS)},
     {", ".join(f"t.{c}" for c in _TRAJECTORY_COLUMNS)}
 FROM batches b
@@ -326,7 +359,9 @@ def results_rows(session: Session, batch_id: int, *, after: int, limit: int, tra
     if done:
         trajs = {t.job_id: t for t in session.scalars(select(Trajectory).where(Trajectory.job_id.in_(done)))}
     items = [(job.finish_seq or 0, job_out(job, with_stages=False), trajs.get(job.id)) for job in jobs]
-    return ResultRows(batch.state, batch.total_jobs - batch.finished_jobs, batch.finished_jobs, items)
+    ready = readiness(batch)
+    ready_seq = None if ready is None else ready.ready_seq
+    return ResultRows(batch.state, batch.total_jobs - batch.finished_jobs, batch.finished_jobs, items, ready_seq)
 
 
 def _results_rows_pg(session: Session, batch_id: int, *, after: int, limit: int, trajectories: bool) -> ResultRows:
@@ -338,31 +373,31 @@ def _results_rows_pg(session: Session, batch_id: int, *, after: int, limit: int,
         rows = cursor.execute(_RESULTS_PAGE_SQL, params).fetchall()
     if not rows:
         raise BatchNotFound(f"no batch with id {batch_id}")
-    jobs_end = 4 + len(_JOB_OUT_COLUMNS)
+    jobs_end = 5 + len(_JOB_OUT_COLUMNS)
     items = []
     for row in rows:
-        if row[3] is None:  # the batch's row, with no job past the cursor
+        if row[4] is None:  # the batch's row, with no job past the cursor
             break
-        job = dict(zip(_JOB_OUT_COLUMNS, row[4:jobs_end], strict=True))
+        job = dict(zip(_JOB_OUT_COLUMNS, row[5:jobs_end], strict=True))
         for name in _JOB_TIMES:
             if job[name] is not None:
                 job[name] = job[name].astimezone(UTC)  # in the session's time zone, as PostgreSQL sent it
         traj = row[jobs_end:]
         items.append(
             (
-                row[3],
+                row[4],
                 JobOut.model_validate(job),
                 None if traj[0] is None else SimpleNamespace(**dict(zip(_TRAJECTORY_COLUMNS, traj, strict=True))),
             )
         )
-    return ResultRows(BatchState(rows[0][0]), rows[0][1], rows[0][2], items)
+    return ResultRows(BatchState(rows[0][0]), rows[0][1], rows[0][2], items, rows[0][3])
 
 
 def results_page(
     session: Session, batch_id: int, *, after: int, limit: int, encoding: ArrayEncoding, trajectories: bool
 ) -> ResultsPage:
     """Finished jobs of a batch in finish order, after cursor ``after``."""
-    state, remaining, finished, rows = results_rows(
+    state, remaining, finished, rows, ready_seq = results_rows(
         session, batch_id, after=after, limit=limit, trajectories=trajectories
     )
     items = [
@@ -379,6 +414,7 @@ def results_page(
         batch_state=state,
         remaining=remaining,
         finished=finished,
+        ready_seq=ready_seq,
     )
 
 

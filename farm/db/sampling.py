@@ -8,7 +8,7 @@ groups are often a single job, so a per-group cache would rarely be hit.)
 from __future__ import annotations
 
 import threading
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from farm.schemas import SamplingParams
 from farm.schemas.trials import TrialHistory
@@ -18,10 +18,13 @@ DEFAULT_SAMPLING_CACHE_SIZE = 1_000
 
 
 class BatchSettings(NamedTuple):
-    """What every stage of a batch is handed besides its job: sampling, and the history policy."""
+    """What every stage of a batch is handed besides its job: sampling, the history policy, the
+    limits it set (``BatchLimits`` as stored; None: the farm's) and whether it has a quorum."""
 
     sampling: SamplingParams
     history: TrialHistory
+    limits: dict[str, Any] | None = None
+    has_quorum: bool = False
 
 
 class SamplingCache:

@@ -40,6 +40,7 @@ from farm.schemas.batches import (
     TaskSpec,
     task_key,
 )
+from farm.schemas.deadlines import BatchLimits, BatchTail, Quorum, Readiness, TailShare, TaskTail
 from farm.schemas.jobs import (
     GroupResult,
     GroupsPage,
@@ -75,6 +76,12 @@ from farm.schemas.weights import (
 )
 
 __all__ = [
+    "BatchLimits",
+    "BatchTail",
+    "Quorum",
+    "Readiness",
+    "TailShare",
+    "TaskTail",
     "ArrayDtype",
     "ArrayEncoding",
     "B64Array",

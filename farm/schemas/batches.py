@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from farm.constants import BatchState, JobState, Outcome
+from farm.schemas.deadlines import BatchLimits, Quorum, Readiness
 from farm.schemas.stored import INT64_MAX, INT64_MIN, METADATA_ABOUT, StoredJson, StoredMetadata, StoredStr, WholeInt
 from farm.schemas.trials import DEFAULT_HISTORY, TrialHistory
 
@@ -125,6 +126,15 @@ class BatchCreate(BaseModel):
         "reasoning): exact keeps every sampled id (one segment per episode); template is what the template renders "
         "(each rewrite starts a segment, every segment is returned). A harness task's own harness.history wins",
     )
+    limits: BatchLimits | None = Field(
+        default=None,
+        description="hard limits per stage, per job (wall, every attempt) and on attempts; a job past one ends with "
+        "outcome timeout; unset fields: the farm's defaults",
+    )
+    quorum: Quorum | None = Field(
+        default=None,
+        description="the share of the batch the trainer needs and by when; the rest is cancelled or carried",
+    )
 
 
 class BatchCreated(BaseModel):
@@ -173,6 +183,8 @@ class BatchStatus(BaseModel):
         default=None,
         description="seconds left at the pace so far (running batches with a job finished; DAPO may end sooner)",
     )
+    limits: BatchLimits | None = Field(default=None, description="the limits the batch set (unset: the farm's)")
+    readiness: Readiness | None = Field(default=None, description="for a batch with a quorum: is it ready, and why")
 
 
 class PassRate(BaseModel):

@@ -109,6 +109,10 @@ class ResultsPage(BaseModel):
     batch_state: BatchState
     remaining: int = Field(description="jobs of the batch not finished yet")
     finished: int = Field(description="jobs of the batch finished so far: finish positions 1 to `finished` are taken")
+    ready_seq: int | None = Field(
+        default=None,
+        description="a batch with a quorum, once ready: results 1..ready_seq are its step, later ones carried or cut",
+    )
 
 
 class GroupResult(BaseModel):

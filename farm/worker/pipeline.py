@@ -28,11 +28,12 @@ from farm.db import teardowns
 from farm.db.base import utcnow
 from farm.db.jobs import claims, completions, lifecycle
 from farm.db.session import waiting_out
+from farm.deadlines.limits import Limits, resolve
 from farm.errors import FarmError
 from farm.handlers.base import StageContext, TaskHandler
 from farm.handlers.registry import get_handler
 from farm.schemas import EvalResult, RunResult, SamplingParams
-from farm.worker import dynamic
+from farm.worker import deadlines, dynamic
 from farm.worker.app import FarmRuntime
 from farm.worker.enqueue import send_stage
 from farm.worker.lease import Lease
@@ -70,17 +71,16 @@ class _Attempt:
     ctx: StageContext
 
 
+class _LimitReached(Exception):
+    """The stage ran past its limit (or the job's wall budget) and was stopped: the job ends ``timeout``."""
+
+
 def _await(rt: FarmRuntime, coro: Coroutine[Any, Any, T], *, timeout_s: float) -> T:
     """Run a handler's stage method on the process's event loop."""
     try:
         return rt.aio.run(coro, timeout_s=timeout_s)
     except TimeoutError as exc:
-        raise FarmError(f"the stage ran past its time limit ({timeout_s:.0f}s) and was stopped") from exc
-
-
-def _timeout_s(rt: FarmRuntime, stage: Stage) -> float:
-    w = rt.settings.worker
-    return {Stage.INIT: w.init_timeout_s, Stage.RUN: w.run_timeout_s, Stage.EVAL: w.eval_timeout_s}[stage]
+        raise _LimitReached(f"stopped after {timeout_s:.1f}s") from exc
 
 
 def store_error(exc: BaseException) -> str | None:
@@ -133,14 +133,24 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
     except FarmError as exc:
         return _fail(rt, app, claim, worker, Outcome.HANDLER_ERROR, str(exc))
 
-    deadline = time.monotonic() + _timeout_s(rt, stage)
+    limits = resolve(rt.settings.worker, claim.limits)
+    allowed_s, limit = limits.allowance(stage, init_at=claim.init_at, now=utcnow())
+    if allowed_s <= 0:
+        # The job's wall budget ran out between stages: it does not start another.
+        attempt = _Attempt(claim, worker, handler, config, _context(rt, claim, time.monotonic(), None))
+        _teardown(rt, attempt)
+        return _fail(rt, app, claim, worker, Outcome.TIMEOUT, limits.reason(stage, limit))
+    deadline = time.monotonic() + allowed_s
     with rt.leases.hold(job_id=job_id, batch_id=claim.batch_id, stage=stage, worker=worker, deadline=deadline) as lease:
         attempt = _Attempt(claim, worker, handler, config, _context(rt, claim, deadline, lease))
         started = time.monotonic()
         try:
-            output = _call_stage(rt, attempt)
+            output = _call_stage(rt, attempt, limits)
+        except _LimitReached:
+            _teardown(rt, attempt)
+            return _fail(rt, app, claim, worker, Outcome.TIMEOUT, limits.reason(stage, limit))
         except FarmError as exc:
-            return _retry_or_fail(rt, app, attempt, Outcome(exc.outcome), str(exc))
+            return _retry_or_fail(rt, app, attempt, Outcome(exc.outcome), str(exc), limits)
         except Exception as exc:
             if (failed := store_error(exc)) is not None:
                 # The farm's database or Redis failed under the handler (a harness call's record, the
@@ -151,10 +161,10 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
             _teardown(rt, attempt)
             return _fail(rt, app, claim, worker, Outcome.HANDLER_ERROR, f"{type(exc).__name__}: {exc}\n{detail}")
         if output.run_result is not None and (verdict := _stale(rt, claim, output.run_result)) is not None:
-            if verdict.rerun and claim.attempt < rt.settings.worker.max_attempts:
+            if verdict.rerun and claim.attempt < limits.max_attempts:
                 # Sampled from weights too old to train on: RUN again (in a new sandbox) on the newest.
                 _teardown(rt, attempt, produced=output.produced_state())
-                return _retry_or_fail(rt, app, attempt, Outcome.INFRA_ERROR, verdict.reason)
+                return _retry_or_fail(rt, app, attempt, Outcome.INFRA_ERROR, verdict.reason, limits)
             output = _marked_stale(output, verdict)
         # Under the lease still: a completion that waits out an unavailable database keeps the stage
         # its own (renewed once the database is back) instead of the sweeper giving it to another.
@@ -235,11 +245,11 @@ def _waiting_out(rt: FarmRuntime, call: Callable[[], T], what: str) -> T:
     return waiting_out(call, settings=rt.settings, what=what, log=log)
 
 
-def _call_stage(rt: FarmRuntime, attempt: _Attempt) -> completions.StageOutput:
+def _call_stage(rt: FarmRuntime, attempt: _Attempt, limits: Limits) -> completions.StageOutput:
     handler, config, claim, ctx = attempt.handler, attempt.config, attempt.claim, attempt.ctx
-    # A backstop past the handler's own deadline handling: a coroutine still running a lease
-    # after its deadline is cancelled and the stage counts as an infrastructure failure.
-    limit_s = max(ctx.remaining_s(), 0.0) + rt.settings.worker.lease_s
+    # The farm's limit, whatever the handler does: a handler may end on its own at ctx.deadline (an
+    # agent_timeout, scored); one still running limit_grace_s later is cancelled, the job ends timeout.
+    limit_s = max(ctx.remaining_s(), 0.0) + limits.grace_s
     # The state crosses processes as JSON: checked against the handler's state_class where a stage
     # hands it on, and read back as one (a state that does not fit is the handler's error).
     if ctx.stage is Stage.INIT:
@@ -296,10 +306,12 @@ def _skipped(rt: FarmRuntime, app: Celery, claim: claims.Claim, worker: str) -> 
     return StageReport(claim.job_id, claim.stage, "skipped", claim.skip, claim.type)
 
 
-def _retry_or_fail(rt: FarmRuntime, app: Celery, attempt: _Attempt, outcome: Outcome, error: str) -> StageReport:
+def _retry_or_fail(
+    rt: FarmRuntime, app: Celery, attempt: _Attempt, outcome: Outcome, error: str, limits: Limits
+) -> StageReport:
     claim, worker = attempt.claim, attempt.worker
     stage = claim.stage
-    if claim.attempt < rt.settings.worker.max_attempts:
+    if claim.attempt < limits.max_attempts:
         delay = rt.settings.worker.retry_delay_s
 
         def retry() -> str | None:
@@ -328,6 +340,9 @@ def _retry_or_fail(rt: FarmRuntime, app: Celery, attempt: _Attempt, outcome: Out
             )
             return StageReport(claim.job_id, stage, "retry", error, claim.type)
     _teardown(rt, attempt)
+    if "max_attempts" in limits.by_batch:
+        error = f"{stage.value} reached the batch's limit {limits.named('max_attempts')}: {error}"
+        outcome = Outcome.TIMEOUT
     return _fail(rt, app, claim, worker, outcome, error)
 
 
@@ -377,6 +392,11 @@ def _finished(rt: FarmRuntime, app: Celery, claim: claims.Claim) -> None:
         dynamic.job_finished(rt, app, batch_id=claim.batch_id, job_id=claim.job_id)
     except Exception:  # the sweeper decides the group on its next round
         log.exception("job %s: cannot settle its group now", claim.job_id)
+    if claim.has_quorum:
+        try:
+            deadlines.settle(rt, app, claim.batch_id)
+        except Exception:  # the sweeper settles it on its next round
+            log.exception("batch %s: cannot settle its quorum now", claim.batch_id)
 
 
 def _publish_finished(rt: FarmRuntime, batch_id: int) -> None:

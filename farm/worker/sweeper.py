@@ -25,7 +25,7 @@ from farm.db.base import utcnow
 from farm.db.jobs.lifecycle import expired_leases
 from farm.sandbox import sandbox_root
 from farm.sandbox.registry import Registry
-from farm.worker import dynamic
+from farm.worker import deadlines, dynamic
 from farm.worker.app import FarmRuntime
 from farm.worker.enqueue import send_stage
 from farm.worker.reconciler import Reconciler
@@ -118,3 +118,9 @@ class Sweeper:
                 dynamic.redrive(self._rt, self._app)
         except Exception:
             log.exception("lease sweep failed")
+        try:
+            # Every process, not only the one with the turn: a deadline or a limit is due on time,
+            # and the row locks (SKIP LOCKED, a conditional UPDATE) keep two sweepers from acting twice.
+            deadlines.redrive(self._rt, self._app)
+        except Exception:
+            log.exception("deadline sweep failed")

@@ -265,7 +265,14 @@ def test_submit_enqueues_one_init_message_per_job(api: TestClient, redis_client)
 def test_results_long_poll_returns_empty_page_after_wait(api: TestClient):
     created = api.post("/v1/batches", json=echo_batch(), headers=AUTH).json()
     page = api.get(f"/v1/batches/{created['id']}/results", params={"wait_s": 0.3}, headers=AUTH).json()
-    assert page == {"items": [], "next_cursor": 0, "batch_state": "running", "remaining": 1, "finished": 0}
+    assert page == {
+        "items": [],
+        "next_cursor": 0,
+        "batch_state": "running",
+        "remaining": 1,
+        "finished": 0,
+        "ready_seq": None,
+    }
 
 
 def test_cancel_then_results_hold_every_job(api: TestClient):
@@ -314,6 +321,8 @@ def test_metrics_are_prometheus_text(api: TestClient):
     before = queued()
     api.post("/v1/batches", json=echo_batch(), headers=AUTH)
     assert queued() == before + 1
+    text = api.get("/metrics", headers=AUTH).text
+    assert "# TYPE farm_batch_seconds_to gauge" in text and "# TYPE farm_batch_carried_jobs gauge" in text
 
 
 def test_backends_redis_lost_are_registered_again_from_the_database(tmp_path, pg_url, redis_url, redis_client):

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from farm.client import AsyncFarmClient, FarmClient, NotFound
+from farm.client import AsyncFarmClient, CarryCursor, FarmClient, NotFound
 from farm.client.base import PagesAhead
 from farm.schemas import RESULTS_MEDIA_TYPE, ResultsPage
 from tests.unit.test_client import _item, _page
@@ -103,6 +103,27 @@ CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any], str, str, float, str, by
         b"",
     ),
     ("wait", (3,), {}, "GET", "/v1/batches/3", 30, "*/*", b""),
+    ("tail", (3,), {}, "GET", "/v1/batches/3/tail", 30, "*/*", b""),
+    (
+        "step",
+        (3,),
+        {"wait_s": 5},
+        "GET",
+        "/v1/batches/3/results?after=0&limit=100&wait_s=5&encoding=b64&trajectories=true&until_ready=true",
+        35,
+        _BINARY,
+        b"",
+    ),
+    (
+        "carried",
+        (CarryCursor({3: 7}),),
+        {},
+        "GET",
+        "/v1/batches/3/results?after=7&limit=100&wait_s=0&encoding=b64&trajectories=true",
+        30,
+        _BINARY,
+        b"",
+    ),
     (
         "create_trial",
         ("t1",),

@@ -41,7 +41,7 @@ LAYERS: list[set[str]] = [
     },
     # A concept's logic over storage, the LLM layer and the handlers: the API calls it; it reaches
     # neither the API nor the workers (a batch's INIT is sent through the function it is given).
-    {"farm.weights", "farm.batches"},
+    {"farm.weights", "farm.batches", "farm.deadlines"},
     {"farm.api", "farm.worker"},
     {"farm.cli", "farm.embedded", "farm.demo", "farm.progress", "farm.report", "farm.status_view", "farm.__main__"},
 ]

@@ -360,7 +360,7 @@ def test_claim_reads_a_batchs_sampling_once_per_cache(sessions):
     _, (a, b) = make_batch(sessions)
     samplings = SamplingCache()
     first = claim_with(sessions, a, samplings)
-    assert first.config == {"text": "t0"} and samplings.get(first.batch_id) == (first.sampling, "exact")
+    assert first.config == {"text": "t0"} and samplings.get(first.batch_id) == (first.sampling, "exact", None, False)
     second = claim_with(sessions, b, samplings)
     assert second.config == first.config and second.sampling is first.sampling
 

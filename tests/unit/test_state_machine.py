@@ -485,7 +485,7 @@ def test_job_row_types_name_the_columns_their_statements_return_with_the_models_
     task = {
         **column_types(Job, job_columns),
         **column_types(Group, ["config"]),
-        **column_types(Batch, ["sampling", "history"]),
+        **column_types(Batch, ["sampling", "history", "limits", "quorum"]),
     }
     assert typing.get_type_hints(jobrows.TaskJobRow) == task
     assert list(sql.LOCK_JOB_WITH_TASK.selected_columns.keys()) == list(task)

@@ -22,12 +22,14 @@ from farm.db import reads
 from farm.db.base import utcnow
 from farm.db.jobs import lifecycle
 from farm.db.session import transaction
+from farm.deadlines import tail
 from farm.schemas import (
     RESULTS_MEDIA_TYPE,
     ArrayEncoding,
     BatchCreate,
     BatchCreated,
     BatchStatus,
+    BatchTail,
     GroupsPage,
     ResultsPage,
 )
@@ -130,6 +132,10 @@ async def get_results(
     ] = 0,
     encoding: Annotated[ArrayEncoding, Query(description="b64: compact arrays; json: plain lists")] = "b64",
     trajectories: Annotated[bool, Query(description="include trajectories of done jobs")] = True,
+    until_ready: Annotated[
+        bool,
+        Query(description="a batch with a quorum: answer at once once it is ready and `after` reached its ready_seq"),
+    ] = False,
 ) -> Response:
     deadline = time.monotonic() + min(wait_s, state.settings.api.max_wait_s)
     binary = wants_binary(request.headers.get("accept"))
@@ -156,7 +162,13 @@ async def get_results(
                 # many results are past the cursor: no page is read until it is worth sending.
                 batch = reads.get_batch(session, batch_id)
                 waiting = batch.finished_jobs - after
-                if waiting < limit and batch.state is BatchState.RUNNING and not (waiting > 0 and lingered):
+                step_read = until_ready and batch.ready_seq is not None and after >= batch.ready_seq
+                if (
+                    waiting < limit
+                    and batch.state is BatchState.RUNNING
+                    and not (waiting > 0 and lingered)
+                    and not step_read
+                ):
                     return waiting
             return read(session)
 
@@ -175,6 +187,17 @@ async def get_results(
             lingered = True
         else:
             await state.notifier.wait(event, left)
+
+
+@router.get(
+    "/{batch_id}/tail",
+    operation_id="get_batch_tail",
+    response_model=BatchTail,
+    responses=ERRORS,
+    summary="Time to 50/90/99/100% of the batch, its readiness, and what was carried or cut by task",
+)
+def get_batch_tail(batch_id: BatchId, db: DB) -> BatchTail:
+    return tail.batch_tail(db, batch_id)
 
 
 @router.get(

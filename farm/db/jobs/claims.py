@@ -47,6 +47,11 @@ class Claim:
     created_at: datetime | None = None
     outcome: Outcome | None = None
     reason: str | None = None
+    #: the batch's limits as stored (None: the farm's), whether it has a quorum, and when the job's
+    #: first INIT began (its wall budget runs from then).
+    limits: dict[str, Any] | None = None
+    has_quorum: bool = False
+    init_at: datetime | None = None
 
 
 def _handoff(job: TaskJobRow, stage: Stage, **extra: Any) -> Claim:
@@ -126,14 +131,17 @@ def _settings(session: Connection, batch_id: int, samplings: SamplingCache | Non
     settings = samplings.get(batch_id) if samplings is not None else None
     if settings is None:
         row = session.execute(sql.SAMPLING_OF_BATCH, {"batch_id": batch_id}).one()
-        settings = _batch_settings(row.sampling, row.history)
+        settings = _batch_settings(row.sampling, row.history, row.limits, row.quorum)
         if samplings is not None:
             samplings.put(batch_id, settings)
     return settings
 
 
-def _batch_settings(sampling: dict[str, Any], history: str) -> BatchSettings:
-    return BatchSettings(SamplingParams.model_validate(sampling), cast(TrialHistory, history))
+def _batch_settings(
+    sampling: dict[str, Any], history: str, limits: dict[str, Any] | None, quorum: dict[str, Any] | None
+) -> BatchSettings:
+    params = SamplingParams.model_validate(sampling)
+    return BatchSettings(params, cast(TrialHistory, history), limits, quorum is not None)
 
 
 def _claim_locked(
@@ -162,9 +170,14 @@ def _claim_locked(
         if job.worker is not None and job.lease_until is not None and job.lease_until > now:
             return Claim(job_id, stage, skip=f"{stage.value} is running on {job.worker} under a live lease")
         attempts.record_unfinished(session, job, StageStatus.LOST, now, LOST_ERROR)
-        if job.stage_attempts >= max_attempts:
-            reason = f"{stage.value} did not complete in {max_attempts} attempts"
-            jobrows.finish(session, job, JobState.FAILED, now=now, outcome=Outcome.INFRA_ERROR, reason=reason)
+        batch_attempts = (job.limits or {}).get("max_attempts")
+        if job.stage_attempts >= (batch_attempts or max_attempts):
+            if batch_attempts is None:
+                reason, outcome = f"{stage.value} did not complete in {max_attempts} attempts", Outcome.INFRA_ERROR
+            else:
+                reason = f"{stage.value} did not complete within limits.max_attempts={batch_attempts}"
+                outcome = Outcome.TIMEOUT
+            jobrows.finish(session, job, JobState.FAILED, now=now, outcome=outcome, reason=reason)
             return _handoff(job, stage, skip="attempts exhausted", gave_up=True)
         values = {"stage_attempts": job.stage_attempts + 1}
     elif job.state is target:
@@ -183,7 +196,7 @@ def _claim_locked(
         stage_started_at=now,
         **({"node": node} if stage is Stage.INIT else {}),
     )
-    settings = _batch_settings(job.sampling, job.history)
+    settings = _batch_settings(job.sampling, job.history, job.limits, job.quorum)
     attempt = values["stage_attempts"]
     # INIT moves the job to this node; a later stage runs where its sandbox is.
     on = node if stage is Stage.INIT else job.node
@@ -222,6 +235,9 @@ def _granted(
         created_at=job.created_at,
         outcome=job.outcome,
         reason=job.reason,
+        limits=settings.limits,
+        has_quorum=settings.has_quorum,
+        init_at=job.init_at,
     )
 
 

@@ -43,6 +43,7 @@ class GrantedRow(Protocol):
     created_at: datetime
     outcome: Outcome | None
     reason: str | None
+    init_at: datetime | None
     config: dict[str, Any]
 
 
@@ -68,6 +69,7 @@ class JobRow(Protocol):
     task_id: str | None
     created_at: datetime
     restarts: int
+    init_at: datetime | None
 
 
 class TaskJobRow(JobRow, Protocol):
@@ -76,6 +78,8 @@ class TaskJobRow(JobRow, Protocol):
     config: dict[str, Any]
     sampling: dict[str, Any]
     history: str
+    limits: dict[str, Any] | None
+    quorum: dict[str, Any] | None
 
 
 def lock(session: Connection, job_id: int) -> JobRow | None:

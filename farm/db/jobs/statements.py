@@ -68,22 +68,26 @@ JOB_COLUMNS = [
         "task_id",
         "created_at",
         "restarts",
+        "init_at",
     )
 ]
 #: what a claim hands on of the job row (``claims._granted``): the usual claim returns only
 #: these, as every returned column costs result processing on each claim.
 GRANTED_COLUMNS = [
-    JOBS.c[name] for name in ("id", "batch_id", "type", "node", "seed", "stage_data", "created_at", "outcome", "reason")
+    JOBS.c[name]
+    for name in ("id", "batch_id", "type", "node", "seed", "stage_data", "created_at", "outcome", "reason", "init_at")
 ]
 LOCK_JOB = select(*JOB_COLUMNS).where(JOBS.c.id == bindparam("job_id")).with_for_update()
 LOCK_JOB_WITH_TASK = (
-    select(*JOB_COLUMNS, GROUPS.c.config, BATCHES.c.sampling, BATCHES.c.history)
+    select(*JOB_COLUMNS, GROUPS.c.config, BATCHES.c.sampling, BATCHES.c.history, BATCHES.c.limits, BATCHES.c.quorum)
     .join(GROUPS, GROUPS.c.id == JOBS.c.group_id)
     .join(BATCHES, BATCHES.c.id == JOBS.c.batch_id)
     .where(JOBS.c.id == bindparam("job_id"))
     .with_for_update(of=JOBS)
 )
-SAMPLING_OF_BATCH = select(BATCHES.c.sampling, BATCHES.c.history).where(BATCHES.c.id == bindparam("batch_id"))
+SAMPLING_OF_BATCH = select(BATCHES.c.sampling, BATCHES.c.history, BATCHES.c.limits, BATCHES.c.quorum).where(
+    BATCHES.c.id == bindparam("batch_id")
+)
 #: the job's task config, read by the claim's own statement (a RETURNING subquery).
 _CONFIG_OF_GROUP = (
     select(GROUPS.c.config).where(GROUPS.c.id == JOBS.c.group_id).correlate(JOBS).scalar_subquery().label("config")
