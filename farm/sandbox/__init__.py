@@ -23,6 +23,7 @@ from farm.config import Settings
 from farm.errors import ConfigError
 from farm.sandbox.base import Bind, ExecResult, Limits, Sandbox, SandboxSpec, Snapshot
 from farm.sandbox.prepared import reap_prepared
+from farm.sandbox.ratelimit import CreateRateLimit
 from farm.sandbox.registry import Registry
 from farm.sandbox.server_sandbox import ServerSandbox
 
@@ -74,6 +75,8 @@ def create_sandbox(settings: Settings, spec: SandboxSpec | None = None, *, drive
         SandboxUnavailable: the runtime is missing or refused to start.
     """
     cls = driver_class(driver or settings.sandbox.driver)
+    root = sandbox_root(settings)
+    CreateRateLimit(root, rate=settings.sandbox.max_creates_per_s, burst=settings.sandbox.create_burst).acquire()
     return cls.create(spec=spec or SandboxSpec(), settings=settings.sandbox, root=sandbox_root(settings))
 
 
