@@ -22,6 +22,7 @@ from pathlib import Path
 from farm.config import Settings
 from farm.errors import ConfigError
 from farm.sandbox.base import Bind, ExecResult, Limits, Sandbox, SandboxSpec, Snapshot
+from farm.sandbox.node_reaper import ensure_node_reaper
 from farm.sandbox.prepared import reap_prepared
 from farm.sandbox.ratelimit import CreateRateLimit
 from farm.sandbox.registry import Registry
@@ -105,7 +106,11 @@ def start_reaper(settings: Settings, *, stop: threading.Event) -> threading.Thre
     """Reap every ``settings.sandbox.reap_interval_s`` in a daemon thread until ``stop`` is set.
 
     Any process on the node may run it (a worker at start-up, say): records name their owners.
+    With ``sandbox.node_reaper`` it also makes sure the node's own reaper process runs
+    (``farm.sandbox.node_reaper``), which goes on reaping when every worker is gone.
     """
+    if settings.sandbox.node_reaper:
+        ensure_node_reaper(settings.sandbox, sandbox_root(settings))
 
     def loop() -> None:
         while not stop.wait(settings.sandbox.reap_interval_s):

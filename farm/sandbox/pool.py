@@ -158,6 +158,13 @@ class WarmPool:
         except FileNotFoundError:
             wanted.touch()
 
+    def _stale(self, entry: Path) -> bool:
+        """A warm sandbox the reaper removed (its keeper died): its entry goes too."""
+        if (self.dir.parent / "registry" / f"{entry.name.partition('-')[2]}.json").exists():
+            return False
+        entry.unlink(missing_ok=True)
+        return True
+
     @staticmethod
     def _entries(kdir: Path) -> list[Path]:
         try:
@@ -185,7 +192,7 @@ class WarmPool:
             except (FileNotFoundError, ValueError):
                 continue
             keep = self.sizing.target(demand) if now - asked < self.sizing.idle_s else 0
-            entries = [e for e in self._entries(kdir) if not self._retired(e, now)]
+            entries = [e for e in self._entries(kdir) if not self._stale(e) and not self._retired(e, now)]
             for surplus in entries[keep:]:
                 self._retire(surplus)
             shapes.append((kdir, shape, entries[:keep], keep))

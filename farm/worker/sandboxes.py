@@ -24,6 +24,7 @@ from farm.config import Settings
 from farm.errors import SandboxError
 from farm.sandbox import SandboxSpec, attach_sandbox, create_sandbox, environments, sandbox_root
 from farm.sandbox.environments import EnvironmentKind
+from farm.sandbox.node_reaper import ensure_node_reaper
 from farm.sandbox.pool import PoolKeeper, WarmPool
 from farm.sandbox.prepared import Prepared, prepared
 from farm.sandbox.server_sandbox import ServerSandbox
@@ -56,6 +57,8 @@ class SandboxResources:
         ``demand`` says how many sandboxes the queue will soon ask for (None: unknown)."""
         if self.pool is None or self._keeper is not None:
             return self._keeper
+        if self._settings.sandbox.node_reaper:  # warm sandboxes of a killed keeper must go too
+            ensure_node_reaper(self._settings.sandbox, sandbox_root(self._settings))
         self._keeper = PoolKeeper(self.pool, demand=demand).start()
         return self._keeper
 
