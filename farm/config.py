@@ -164,7 +164,8 @@ class LLMSettings(BaseModel):
 class SandboxSettings(BaseModel):
     """Sandbox drivers and tools. Per-sandbox ``SandboxSpec.limits`` override the default limits."""
 
-    #: ``bwrap`` (rootless, default), ``singularity`` (HPC), ``local`` (development only: NOT isolated).
+    #: ``bwrap`` (rootless, default), ``docker`` (where Docker runs), ``singularity`` (HPC), ``local``
+    #: (development only: NOT isolated).
     driver: str = "bwrap"
     #: sandboxes, their registry and snapshots; ``None`` means ``<data_dir>/sandboxes``.
     root_dir: Path | None = None
@@ -198,6 +199,9 @@ class SandboxSettings(BaseModel):
     bwrap_seccomp: bool = True
     #: host directories bound read-only (those that exist); the Python running farm is added.
     bwrap_system_dirs: list[str] = Field(default_factory=lambda: ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64"])
+    #: the Docker client (``docker`` driver) and the daemon it talks to (``-H``; None: the client's default).
+    docker_path: str = "docker"
+    docker_host: str | None = None
     #: ``singularity`` or ``apptainer``.
     singularity_path: str = "singularity"
     #: the image of sandboxes whose spec names none (every shipped task): a .sif file or a directory

@@ -50,6 +50,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="bring docker-compose.yml up for real (root; installs and starts Docker if needed, minutes)",
     )
     parser.addoption(
+        "--run-docker",
+        action="store_true",
+        help="the sandbox contract suite under the docker driver (root; starts Docker with scripts/setup_docker.sh)",
+    )
+    parser.addoption(
         "--run-harness",
         action="store_true",
         help="run real harnesses (mini-swe-agent, Claude Code, Codex) through the farm",
@@ -77,6 +82,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="Slurm test (a cluster of its own): opt in with --run-slurm"))
         if item.get_closest_marker("compose") and not config.getoption("--run-compose"):
             item.add_marker(pytest.mark.skip(reason="compose test (Docker, minutes): opt in with --run-compose"))
+        if item.get_closest_marker("docker") and not config.getoption("--run-docker"):
+            item.add_marker(pytest.mark.skip(reason="docker driver test (needs a dockerd): opt in with --run-docker"))
         if item.get_closest_marker("crash") and not config.getoption("--run-crash"):
             item.add_marker(pytest.mark.skip(reason="crash test (minutes of real faults): opt in with --run-crash"))
 

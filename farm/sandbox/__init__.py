@@ -31,6 +31,7 @@ from farm.sandbox.server_sandbox import ServerSandbox
 #: driver name -> class, imported on use.
 DRIVERS: dict[str, str] = {
     "bwrap": "farm.sandbox.bwrap:BwrapSandbox",
+    "docker": "farm.sandbox.docker:DockerSandbox",
     "local": "farm.sandbox.local:LocalSandbox",
     "singularity": "farm.sandbox.singularity:SingularitySandbox",
 }

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: fields filled in at hand-out, so not part of a shape.
 PER_SANDBOX_FIELDS = frozenset({"workspace", "snapshot", "label"})
+#: the nice value sandboxes are started with while they wait in the pool.
+REFILL_NICE = 10
 #: how often the keeper looks when nothing wakes it.
 KEEPER_TICK_S = 0.5
 
@@ -137,6 +139,7 @@ class WarmPool:
                 continue  # reaped meanwhile (its keeper died)
             try:
                 sandbox.adopt(spec)
+                _renice(sandbox, 0)
             except BaseException:
                 sandbox.close()
                 raise
@@ -227,6 +230,10 @@ class WarmPool:
             (sandbox or self._attach(sandbox_id)).close()
 
     def _start_one(self, kdir: Path, shape: SandboxSpec) -> bool:
+        # Refills run niced (nice is per thread on Linux and children inherit it), so a burst of
+        # hand-outs keeps the CPU; ``take`` gives a warm sandbox's processes normal priority back.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), REFILL_NICE)
         # Its lifetime until hand-out: the shape's, stretched by the longest it may wait warm.
         wall = resolved_limits(shape, self.settings)["wall_time_s"]
         limits = shape.limits.model_copy(update={"wall_time_s": wall + self.sizing.max_age_s if wall else 0})
@@ -260,6 +267,14 @@ class WarmPool:
                     self._retire(entry)
                     closed += 1
         return closed
+
+
+def _renice(sandbox: ServerSandbox, value: int) -> None:
+    """Set the priority of every process of the sandbox (its cgroup's members, else its recorded ones)."""
+    pids = sandbox._cgroups.pids() or [p.pid for p in sandbox.record.procs]
+    for pid in pids:
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to raise (unprivileged)
+            os.setpriority(os.PRIO_PROCESS, pid, value)
 
 
 class PoolKeeper:

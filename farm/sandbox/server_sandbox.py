@@ -67,6 +67,8 @@ class ServerSandbox:
 
     driver = "server"
     isolated = True
+    #: limits through cgroups this class makes (False: the runtime makes its own, as Docker does).
+    own_cgroups = True
 
     def __init__(self, *, record: SandboxRecord, registry: Registry, settings: SandboxSettings) -> None:
         self.record = record
@@ -135,7 +137,7 @@ class ServerSandbox:
         self._fill_workspace(spec, limits)
         for sub in ("tmp", "run"):  # what the sandbox's user writes; the rest stays ours
             self._chown_tree(self.fs / sub)
-        if self.settings.use_cgroups:
+        if self.settings.use_cgroups and self.own_cgroups:
             try:
                 self._cgroups = Cgroups.create(
                     f"farm-{self.id}",

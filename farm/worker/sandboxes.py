@@ -49,7 +49,7 @@ class SandboxResources:
                 driver=self.driver,
                 settings=settings.sandbox,
                 create=lambda spec: create_sandbox(settings, spec),
-                attach=lambda sandbox_id: attach_sandbox(settings, sandbox_id, claim=True),
+                attach=lambda sandbox_id: attach_sandbox(settings, sandbox_id, claim=False),  # adopt claims
             )
 
     def start_pool(self, demand: Callable[[], int | None] = lambda: None) -> PoolKeeper | None:
