@@ -89,7 +89,10 @@ def attach_sandbox(settings: Settings, sandbox_id: str, *, claim: bool = True) -
         SandboxError: no such sandbox on this node.
     """
     registry = Registry(root=sandbox_root(settings))
-    return ServerSandbox.attach(registry=registry, settings=settings.sandbox, sandbox_id=sandbox_id, claim=claim)
+    record = registry.load(sandbox_id)
+    # The driver's own class: what it does on the host side (the uid files are chowned to) applies.
+    cls = driver_class(record.driver) if record is not None and record.driver in DRIVERS else ServerSandbox
+    return cls.attach(registry=registry, settings=settings.sandbox, sandbox_id=sandbox_id, claim=claim)
 
 
 def reap_sandboxes(settings: Settings) -> list[str]:

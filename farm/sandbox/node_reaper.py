@@ -30,6 +30,8 @@ from farm.sandbox.registry import Registry
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "reaper.lock"
+#: how long ``ensure_node_reaper`` waits for the reaper to hold its lock.
+START_WAIT_S = 5.0
 
 
 def _lock(root: Path) -> int | None:
@@ -69,6 +71,9 @@ def ensure_node_reaper(settings: SandboxSettings, root: Path) -> bool:
         check=False,
         timeout=30,
     )
+    deadline = time.monotonic() + START_WAIT_S
+    while not running(root) and time.monotonic() < deadline:
+        time.sleep(0.01)  # the reaper takes its lock just after the fork
     return True
 
 

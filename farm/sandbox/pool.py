@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -127,7 +128,10 @@ class WarmPool:
         key = pool_key(spec, self.driver)
         kdir = self.dir / key
         self._want(kdir, spec)
-        for entry in self._entries(kdir):
+        entries = self._entries(kdir)
+        # Callers of a burst try the entries in different orders, so they do not all race for the first.
+        random.shuffle(entries)
+        for entry in entries:
             try:
                 entry.unlink()  # the claim: one process wins each entry
             except FileNotFoundError:
@@ -161,9 +165,12 @@ class WarmPool:
         except FileNotFoundError:
             wanted.touch()
 
+    def _recorded(self, entry: Path) -> bool:
+        return (self.dir.parent / "registry" / f"{entry.name.partition('-')[2]}.json").exists()
+
     def _stale(self, entry: Path) -> bool:
         """A warm sandbox the reaper removed (its keeper died): its entry goes too."""
-        if (self.dir.parent / "registry" / f"{entry.name.partition('-')[2]}.json").exists():
+        if self._recorded(entry):
             return False
         entry.unlink(missing_ok=True)
         return True
@@ -266,6 +273,7 @@ class WarmPool:
                 if mine:
                     self._retire(entry)
                     closed += 1
+        self._forget_exited()  # reaps the servers of warm sandboxes handed out and closed since
         return closed
 
 
@@ -339,7 +347,8 @@ class PoolKeeper:
         target = self.pool.sizing.target(self._demand())
         while time.monotonic() < deadline:
             shapes = [k for k in self.pool._shapes() if (k / "spec.json").exists()]
-            if shapes and all(len(self.pool._entries(k)) >= target for k in shapes):
+            live = [[e for e in self.pool._entries(k) if self.pool._recorded(e)] for k in shapes]
+            if shapes and all(len(entries) >= target for entries in live):
                 return True
             time.sleep(0.05)
         return False
