@@ -187,6 +187,7 @@ def main() -> None:
     parser.add_argument("--stagger-ms", type=float, default=200.0)
     parser.add_argument("--image", help="also a warm burst of sandboxes of this image")
     parser.add_argument("--image-driver", default="docker")
+    parser.add_argument("--docker-host", help="the dockerd of the docker driver (-H); default: the client's")
     parser.add_argument("--skip-cold", action="store_true")
     parser.add_argument("--modes", default="sequential,staggered,burst", help="comma-separated")
     args = parser.parse_args()
@@ -194,14 +195,23 @@ def main() -> None:
     data = Path(tempfile.mkdtemp(prefix="farm-bench-start-"))
     pool = {"pool_size": n, "pool_min": n, "pool_max_total": n, "pool_fill_parallel": 2}
     figures: dict[str, Any] = {"n": n, "loadavg_1m_at_start": os.getloadavg()[0], "floor_bwrap_echo_ms": bwrap_floor()}
-    print(f"sandbox start, n={n} (create to the end of a first echo); floor bare bwrap echo: "
-          f"{figures['floor_bwrap_echo_ms']} ms", flush=True)
+    print(
+        f"sandbox start, n={n} (create to the end of a first echo); floor bare bwrap echo: "
+        f"{figures['floor_bwrap_echo_ms']} ms",
+        flush=True,
+    )
     try:
         base = Settings(data_dir=data / "data", sandbox={"root_dir": data / "sb", "reap_interval_s": 3600})
         spec = SandboxSpec()
         modes = tuple(args.modes.split(","))
-        figures |= run_modes(base.model_copy(update={"sandbox": base.sandbox.model_copy(update=pool)}),
-                             spec, n=n, gap_s=gap, warm=True, modes=modes)
+        figures |= run_modes(
+            base.model_copy(update={"sandbox": base.sandbox.model_copy(update=pool)}),
+            spec,
+            n=n,
+            gap_s=gap,
+            warm=True,
+            modes=modes,
+        )
         if not args.skip_cold:
             figures |= run_modes(base, spec, n=n, gap_s=gap, warm=False, modes=modes)
         figures["image_warm_burst_median_ms"] = None
@@ -209,10 +219,15 @@ def main() -> None:
         if args.image:
             if getattr(driver_class(args.image_driver), "supports_images", False):
                 image_settings = base.model_copy(
-                    update={"sandbox": base.sandbox.model_copy(update={**pool, "driver": args.image_driver})}
+                    update={
+                        "sandbox": base.sandbox.model_copy(
+                            update={**pool, "driver": args.image_driver, "docker_host": args.docker_host}
+                        )
+                    }
                 )
-                got = run_modes(image_settings, SandboxSpec(image=args.image), n=n, gap_s=gap, warm=True,
-                                modes=("burst",))
+                got = run_modes(
+                    image_settings, SandboxSpec(image=args.image), n=n, gap_s=gap, warm=True, modes=("burst",)
+                )
                 figures["image_warm_burst_median_ms"] = got["warm_burst_median_ms"]
                 figures["image_warm_burst_all_ready_ms"] = got["warm_burst_all_ready_ms"]
             else:
