@@ -13,8 +13,8 @@ from tests.compose.stack import DOCKERD_PIDFILE, ROOT, docker_engine_answers
 pytestmark = pytest.mark.docker
 
 #: rules of "someone else's firewall": one there before dockerd starts, one added while it runs.
-KEEP_BEFORE = ["-t", "nat", "-A", "POSTROUTING", "-s", "10.99.0.0/16", "-m", "comment", "--comment", "farm-keep-1", "-j", "RETURN"]  # fmt: skip
-KEEP_DURING = ["-A", "INPUT", "-s", "10.98.0.0/16", "-m", "comment", "--comment", "farm-keep-2", "-j", "ACCEPT"]  # fmt: skip
+KEEP_BEFORE = "-t nat -A POSTROUTING -s 10.99.0.0/16 -m comment --comment farm-keep-1 -j RETURN".split()
+KEEP_DURING = "-A INPUT -s 10.98.0.0/16 -m comment --comment farm-keep-2 -j ACCEPT".split()
 KEEP_CHAIN = "FARM-TEST-KEEP"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def pooled(sandbox_settings: Settings) -> Settings:
 
 
 @pytest.fixture
-def resources(pooled: Settings) -> SandboxResources:
+def resources(pooled: Settings) -> Iterator[SandboxResources]:
     made = SandboxResources(pooled)
     yield made
     if made._keeper is not None:
