@@ -186,7 +186,16 @@ class WarmPool:
         return sum(len(self._entries(kdir)) for kdir in self._shapes())
 
     def _shapes(self) -> list[Path]:
-        return [p for p in self.dir.iterdir() if p.is_dir()]
+        """This driver's shapes (another driver's keeper on the node warms its own)."""
+        out = []
+        for kdir in self.dir.iterdir():
+            try:
+                shape = SandboxSpec.model_validate_json((kdir / "spec.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if pool_key(shape, self.driver) == kdir.name:
+                out.append(kdir)
+        return out
 
     # ---- the keeper's process ----------------------------------------------------------------
     def fill(self, demand: int | None = None) -> int:
@@ -346,7 +355,7 @@ class PoolKeeper:
         deadline = time.monotonic() + timeout_s
         target = self.pool.sizing.target(self._demand())
         while time.monotonic() < deadline:
-            shapes = [k for k in self.pool._shapes() if (k / "spec.json").exists()]
+            shapes = self.pool._shapes()
             live = [[e for e in self.pool._entries(k) if self.pool._recorded(e)] for k in shapes]
             if shapes and all(len(entries) >= target for entries in live):
                 return True

@@ -112,11 +112,17 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             pipe.close()
 
 
-def test_sigkilled_worker_leaves_no_sandbox_mount_loop_cgroup_or_process(tmp_path: Path) -> None:
+@pytest.fixture
+def fleet(tmp_path: Path) -> tuple[Settings, Path]:
+    """Settings of a node with a pool of 3 per shape, and its sandbox root."""
     require_bwrap()
     settings = _settings(tmp_path)
-    root = settings.sandbox.root_dir
-    assert root is not None
+    assert settings.sandbox.root_dir is not None
+    return settings, settings.sandbox.root_dir
+
+
+def test_sigkilled_worker_leaves_no_sandbox_mount_loop_cgroup_or_process(fleet: tuple[Settings, Path]) -> None:
+    settings, root = fleet
     # Given a worker holding 4 sandboxes (3 from the warm pool, 1 cold of another shape) and the
     # pool refilled: 3 warm of each shape
     worker, held = _start(_WORKER, settings)
@@ -139,11 +145,8 @@ def test_sigkilled_worker_leaves_no_sandbox_mount_loop_cgroup_or_process(tmp_pat
     assert not running(root)
 
 
-def test_hard_lifetime_ends_a_sandbox_whose_owner_lives_on(tmp_path: Path) -> None:
-    require_bwrap()
-    settings = _settings(tmp_path)
-    root = settings.sandbox.root_dir
-    assert root is not None
+def test_hard_lifetime_ends_a_sandbox_whose_owner_lives_on(fleet: tuple[Settings, Path]) -> None:
+    settings, root = fleet
     # Given an owner that keeps running but never closes its 2-second sandbox
     owner, held = _start(_HUNG, settings)
     try:

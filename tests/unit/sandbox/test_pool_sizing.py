@@ -1,11 +1,13 @@
-"""Pool sizing and the node-wide creation-rate bucket (no sandboxes started)."""
+"""Pool sizing and shapes, and the node-wide creation-rate bucket (no sandboxes started)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from farm.config import SandboxSettings
-from farm.sandbox.pool import PoolSizing
+from farm.sandbox.base import SandboxSpec
+from farm.sandbox.pool import PoolSizing, WarmPool, pool_key
+from farm.sandbox.server_sandbox import ServerSandbox
 from farm.sandbox.ratelimit import CreateRateLimit
 
 
@@ -30,3 +32,19 @@ def test_create_rate_limit_off_never_waits(tmp_path: Path) -> None:
     limit = CreateRateLimit(tmp_path, rate=0, burst=1)
     assert [limit.acquire() for _ in range(5)] == [0.0] * 5
     assert not (tmp_path / "create-rate").exists()
+
+
+def test_pool_warms_only_its_own_drivers_shapes(tmp_path: Path) -> None:
+    def never(_: object) -> ServerSandbox:
+        raise AssertionError("nothing is started here")
+
+    pools = {
+        driver: WarmPool(root=tmp_path, driver=driver, settings=SandboxSettings(), create=never, attach=never)
+        for driver in ("bwrap", "docker")
+    }
+    # Given both drivers' callers asked for the same spec on one node
+    for pool in pools.values():
+        assert pool.take(SandboxSpec()) is None
+    # Then each pool sees one shape: its own driver's
+    assert [k.name for k in pools["bwrap"]._shapes()] == [pool_key(SandboxSpec(), "bwrap")]
+    assert [k.name for k in pools["docker"]._shapes()] == [pool_key(SandboxSpec(), "docker")]

@@ -146,7 +146,7 @@ def test_start_reaper_sweeps_until_stopped(tmp_path) -> None:
 
     from farm.sandbox import sandbox_root, start_reaper
 
-    settings = Settings(data_dir=tmp_path, sandbox={"reap_interval_s": 0.05})
+    settings = Settings(data_dir=tmp_path, sandbox={"reap_interval_s": 0.05, "node_reaper": False})
     registry = Registry(root=sandbox_root(settings))
     registry.save(_record(tmp_path, _dead_pid(), []))
     stop = threading.Event()
