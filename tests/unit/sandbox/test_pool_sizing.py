@@ -7,8 +7,8 @@ from pathlib import Path
 from farm.config import SandboxSettings
 from farm.sandbox.base import SandboxSpec
 from farm.sandbox.pool import PoolSizing, WarmPool, pool_key
-from farm.sandbox.server_sandbox import ServerSandbox
 from farm.sandbox.ratelimit import CreateRateLimit
+from farm.sandbox.server_sandbox import ServerSandbox
 
 
 def test_pool_target_follows_the_queue_within_min_and_size() -> None:
