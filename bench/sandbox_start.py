@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 from bench._common import emit  # noqa: E402
 from farm.config import Settings  # noqa: E402
 from farm.sandbox import SandboxSpec, driver_class  # noqa: E402
+from farm.sandbox.registry import Registry  # noqa: E402
 from farm.sandbox.server_sandbox import ServerSandbox  # noqa: E402
 from farm.worker.sandboxes import SandboxResources  # noqa: E402
 
@@ -240,6 +241,8 @@ def main() -> None:
                 figures["warm_burst_median_ms"] / figures["cold_burst_median_ms"], 3
             )
     finally:
+        # Whatever is left (a mode that failed halfway) is torn down properly: mounts, cgroups, processes.
+        Registry(root=data / "sb").reap(now=float("inf"))
         shutil.rmtree(data, ignore_errors=True)
     # Other work on the machine slows every figure: the load it had says how much.
     figures["loadavg_1m_at_end"] = os.getloadavg()[0]

@@ -116,6 +116,8 @@ class WarmPool:
         self._lock = threading.Lock()
         #: set by ``take`` so a keeper in this process refills at once.
         self.taken = threading.Event()
+        #: set by the keeper's ``stop``: a refill in progress starts nothing more.
+        self.stopping = threading.Event()
 
     # ---- any process ------------------------------------------------------------------------
     def take(self, spec: SandboxSpec) -> ServerSandbox | None:
@@ -246,6 +248,8 @@ class WarmPool:
             (sandbox or self._attach(sandbox_id)).close()
 
     def _start_one(self, kdir: Path, shape: SandboxSpec) -> bool:
+        if self.stopping.is_set():
+            return False  # a long refill (100 sandboxes on a busy node) must not outlive stop()
         # Refills run niced (nice is per thread on Linux and children inherit it), so a burst of
         # hand-outs keeps the CPU; ``take`` gives a warm sandbox's processes normal priority back.
         with contextlib.suppress(OSError):
@@ -305,6 +309,7 @@ class PoolKeeper:
         self._lock_fd: int | None = None
 
     def start(self) -> PoolKeeper:
+        self.pool.stopping.clear()
         self._thread = threading.Thread(target=self._loop, name="farm-pool-keeper", daemon=True)
         self._thread.start()
         return self
@@ -341,9 +346,11 @@ class PoolKeeper:
     def stop(self, *, drain: bool = True) -> None:
         """Stop refilling; ``drain`` closes the warm sandboxes this process started."""
         self._stop.set()
+        self.pool.stopping.set()
         self.pool.taken.set()
         if self._thread is not None:
-            self._thread.join(timeout=60)
+            # Only the sandboxes being started now are waited for (each within start_timeout_s).
+            self._thread.join()
         if drain:
             self.pool.drain()
         if self._lock_fd is not None:
