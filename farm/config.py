@@ -182,7 +182,8 @@ class LLMSettings(BaseModel):
 class SandboxSettings(BaseModel):
     """Sandbox drivers and tools. Per-sandbox ``SandboxSpec.limits`` override the default limits."""
 
-    #: ``bwrap`` (rootless, default), ``singularity`` (HPC), ``local`` (development only: NOT isolated).
+    #: ``bwrap`` (rootless, default), ``docker`` (where Docker runs), ``singularity`` (HPC), ``local``
+    #: (development only: NOT isolated).
     driver: str = "bwrap"
     #: sandboxes, their registry and snapshots; ``None`` means ``<data_dir>/sandboxes``.
     root_dir: Path | None = None
@@ -219,12 +220,12 @@ class SandboxSettings(BaseModel):
     #: unpacked task images (``SandboxSpec.image``), one per image; ``None`` means ``<root_dir>/images``.
     #: A cache: remove an image's directory by hand when no sandbox runs over it.
     image_cache_dir: Path | None = None
-    #: the Docker client that builds images a spec names by Dockerfile (nothing else needs Docker).
-    image_docker_path: str = "docker"
-    #: the Docker engine builds go to (``-H``, e.g. ``unix:///run/other.sock``); ``None``: the client's default.
-    image_docker_host: str | None = None
     #: ``docker build --network`` (``none`` for builds that need no network); ``None``: Docker's default.
     image_build_network: str | None = None
+    #: the Docker client and the engine it talks to (``-H``; None: the client's default): the ``docker``
+    #: driver's containers, and the builds of images a spec names by Dockerfile (nothing else needs Docker).
+    docker_path: str = "docker"
+    docker_host: str | None = None
     #: ``singularity`` or ``apptainer``.
     singularity_path: str = "singularity"
     #: the image of sandboxes whose spec names none (every shipped task): a .sif file or a directory
@@ -241,6 +242,32 @@ class SandboxSettings(BaseModel):
     share_preparation: bool = True
     #: a prepared workspace nobody used for this long is removed by the reaper (built again if needed).
     prepared_ttl_s: float = Field(default=3600.0, gt=0)
+    #: warm pool (``farm.sandbox.pool``): sandboxes of each spec INIT asked for lately, started ahead
+    #: and handed out at once. Most kept per spec when the node's INIT queue holds that many; 0: no pool.
+    pool_size: int = Field(default=0, ge=0)
+    #: kept per spec even with an empty queue (up to ``pool_size``).
+    pool_min: int = Field(default=1, ge=0)
+    #: most warm sandboxes on the node, every spec together.
+    pool_max_total: int = Field(default=128, ge=0)
+    #: a spec nobody asked for in this long is no longer kept warm.
+    pool_idle_s: float = Field(default=900.0, gt=0)
+    #: a warm sandbox unclaimed this long is replaced (its hard lifetime counts from its hand-out).
+    pool_max_age_s: float = Field(default=1800.0, gt=0)
+    #: sandboxes the pool starts side by side while it refills.
+    pool_fill_parallel: int = Field(default=2, ge=1)
+    #: node-wide sandbox creations per second (a token bucket shared by every process on the node;
+    #: a hand-out from the pool is not a creation); 0: unlimited.
+    max_creates_per_s: float = Field(default=0.0, ge=0)
+    #: creations allowed at once before ``max_creates_per_s`` applies.
+    create_burst: int = Field(default=10, ge=1)
+    #: a reaper process of the node's own (``farm reap --watch``), started by the first worker and
+    #: outliving any worker, so a SIGKILLed worker's sandboxes and their hard lifetimes are enforced
+    #: even when no worker is left; False: only the workers' reaper threads.
+    node_reaper: bool = True
+    #: how often the node's reaper looks (owner deaths, lifetimes); it exits after
+    #: ``node_reaper_idle_s`` with nothing to watch.
+    node_reaper_interval_s: float = Field(default=1.0, gt=0)
+    node_reaper_idle_s: float = Field(default=30.0, gt=0)
 
 
 class ProxySettings(BaseModel):

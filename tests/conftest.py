@@ -60,6 +60,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run Harbor and SWE-style tasks end to end in their own images (bwrap, root; a minute)",
     )
     parser.addoption(
+        "--run-docker",
+        action="store_true",
+        help="the sandbox contract suite under the docker driver (root; starts Docker with scripts/setup_docker.sh)",
+    )
+    parser.addoption(
         "--run-harness",
         action="store_true",
         help="run real harnesses (mini-swe-agent, Claude Code, Codex) through the farm",
@@ -91,6 +96,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="farm behind PgBouncer end to end: opt in with --run-pgbouncer"))
         if item.get_closest_marker("images") and not config.getoption("--run-images"):
             item.add_marker(pytest.mark.skip(reason="task-image test (a minute): opt in with --run-images"))
+    )
+    parser.addoption(
+        if item.get_closest_marker("docker") and not config.getoption("--run-docker"):
+            item.add_marker(pytest.mark.skip(reason="docker driver test (needs a dockerd): opt in with --run-docker"))
         if item.get_closest_marker("crash") and not config.getoption("--run-crash"):
             item.add_marker(pytest.mark.skip(reason="crash test (minutes of real faults): opt in with --run-crash"))
 

@@ -86,10 +86,14 @@ def worker(queues: str, concurrency: int | None, pool: str | None, loglevel: str
 def reap() -> None:
     """Remove this node's sandboxes whose owner process died or whose wall time ran out (a node's
     exit script runs it once its workers are gone: mounts undone, instances stopped)."""
-    from farm.sandbox import reap_sandboxes
+    from farm.sandbox import reap_sandboxes, sandbox_root
+    from farm.sandbox.leftovers import find_leftovers
 
-    reaped = reap_sandboxes(load_settings())
+    settings = load_settings()
+    reaped = reap_sandboxes(settings)
     out.print(f"reaped {len(reaped)} sandbox(es)" + (f": {', '.join(reaped)}" if reaped else ""))
+    # What is still there (live sandboxes, or something teardown could not remove), from the kernel's tables.
+    out.print(f"left on this node: {find_leftovers(sandbox_root(settings), ids=set(reaped)).describe()}")
 
 
 @main.command()

@@ -22,13 +22,16 @@ from pathlib import Path
 from farm.config import Settings
 from farm.errors import ConfigError
 from farm.sandbox.base import Bind, ExecResult, Limits, Sandbox, SandboxSpec, Snapshot
+from farm.sandbox.node_reaper import ensure_node_reaper
 from farm.sandbox.prepared import reap_prepared
+from farm.sandbox.ratelimit import CreateRateLimit
 from farm.sandbox.registry import Registry
 from farm.sandbox.server_sandbox import ServerSandbox
 
 #: driver name -> class, imported on use.
 DRIVERS: dict[str, str] = {
     "bwrap": "farm.sandbox.bwrap:BwrapSandbox",
+    "docker": "farm.sandbox.docker:DockerSandbox",
     "local": "farm.sandbox.local:LocalSandbox",
     "singularity": "farm.sandbox.singularity:SingularitySandbox",
 }
@@ -74,6 +77,8 @@ def create_sandbox(settings: Settings, spec: SandboxSpec | None = None, *, drive
         SandboxUnavailable: the runtime is missing or refused to start.
     """
     cls = driver_class(driver or settings.sandbox.driver)
+    root = sandbox_root(settings)
+    CreateRateLimit(root, rate=settings.sandbox.max_creates_per_s, burst=settings.sandbox.create_burst).acquire()
     return cls.create(spec=spec or SandboxSpec(), settings=settings.sandbox, root=sandbox_root(settings))
 
 
@@ -84,7 +89,10 @@ def attach_sandbox(settings: Settings, sandbox_id: str, *, claim: bool = True) -
         SandboxError: no such sandbox on this node.
     """
     registry = Registry(root=sandbox_root(settings))
-    return ServerSandbox.attach(registry=registry, settings=settings.sandbox, sandbox_id=sandbox_id, claim=claim)
+    record = registry.load(sandbox_id)
+    # The driver's own class: what it does on the host side (the uid files are chowned to) applies.
+    cls = driver_class(record.driver) if record is not None and record.driver in DRIVERS else ServerSandbox
+    return cls.attach(registry=registry, settings=settings.sandbox, sandbox_id=sandbox_id, claim=claim)
 
 
 def reap_sandboxes(settings: Settings) -> list[str]:
@@ -102,7 +110,11 @@ def start_reaper(settings: Settings, *, stop: threading.Event) -> threading.Thre
     """Reap every ``settings.sandbox.reap_interval_s`` in a daemon thread until ``stop`` is set.
 
     Any process on the node may run it (a worker at start-up, say): records name their owners.
+    With ``sandbox.node_reaper`` it also makes sure the node's own reaper process runs
+    (``farm.sandbox.node_reaper``), which goes on reaping when every worker is gone.
     """
+    if settings.sandbox.node_reaper:
+        ensure_node_reaper(settings.sandbox, sandbox_root(settings))
 
     def loop() -> None:
         while not stop.wait(settings.sandbox.reap_interval_s):

@@ -148,6 +148,7 @@ class BwrapSandbox(ServerSandbox):
 
     driver = "bwrap"
     isolated = True
+    supports_images = True
     #: the spec's image, unpacked (set by ``_prepare``); None: the host's system directories.
     _image: Image | None = None
 
@@ -187,8 +188,8 @@ class BwrapSandbox(ServerSandbox):
                 spec.image,
                 cache=cache,
                 owner=self._sandbox_ids(),
-                docker=self.settings.image_docker_path,
-                docker_host=self.settings.image_docker_host,
+                docker=self.settings.docker_path,
+                docker_host=self.settings.docker_host,
                 build_network=self.settings.image_build_network,
             )
             self.record.image = self._image.key

@@ -23,6 +23,10 @@ _HINTS = {
         "or choose another driver with FARM_SANDBOX__DRIVER (singularity on HPC; local runs commands "
         "on the host, NOT isolated)"
     ),
+    "docker": (
+        "install Docker (Debian/Ubuntu: `apt-get install docker.io`; scripts/setup_docker.sh starts a daemon), "
+        "point FARM_SANDBOX__DOCKER_HOST at a running one, or choose another driver with FARM_SANDBOX__DRIVER"
+    ),
     "singularity": (
         "install Apptainer/Singularity or point FARM_SANDBOX__SINGULARITY_PATH at it, or choose another "
         "driver with FARM_SANDBOX__DRIVER"

@@ -67,6 +67,11 @@ class ServerSandbox:
 
     driver = "server"
     isolated = True
+    #: whether ``SandboxSpec.image`` is honoured (bwrap: an image file on the node; docker: an image the
+    #: engine has).
+    supports_images = False
+    #: limits through cgroups this class makes (False: the runtime makes its own, as Docker does).
+    own_cgroups = True
 
     def __init__(self, *, record: SandboxRecord, registry: Registry, settings: SandboxSettings) -> None:
         self.record = record
@@ -132,22 +137,10 @@ class ServerSandbox:
         self._prepare_disk(limits["disk_mb"])
         for sub in ("workspace", "tmp", "run"):
             (self.fs / sub).mkdir(parents=True, exist_ok=True)
-        try:
-            self._seed_workspace(spec)
-            if spec.workspace is not None:
-                shutil.copytree(spec.workspace, self.host_workspace, symlinks=True, dirs_exist_ok=True)
-            if spec.snapshot is not None:
-                _extract(spec.snapshot, self.host_workspace)
-        except OSError as exc:
-            if not _out_of_space(exc):
-                raise
-            raise SandboxUnavailable(
-                f"the workspace does not fit the disk quota of {limits['disk_mb']} MiB: raise limits.disk_mb",
-                sandbox_id=self.id,
-            ) from exc
-        for sub in ("workspace", "tmp", "run"):  # what the sandbox's user writes; the rest stays ours
+        self._fill_workspace(spec, limits, seed=True)
+        for sub in ("tmp", "run"):  # what the sandbox's user writes; the rest stays ours
             self._chown_tree(self.fs / sub)
-        if self.settings.use_cgroups:
+        if self.settings.use_cgroups and self.own_cgroups:
             try:
                 self._cgroups = Cgroups.create(
                     f"farm-{self.id}",
@@ -163,6 +156,46 @@ class ServerSandbox:
 
     def _seed_workspace(self, spec: SandboxSpec) -> None:
         """Put what the workspace starts from before the spec's own files (an image's copy of it)."""
+
+    def _fill_workspace(self, spec: SandboxSpec, limits: dict[str, Any], *, seed: bool = False) -> None:
+        """Copy the spec's workspace and snapshot in (over the image's copy of it when ``seed``: at
+        creation, not at a warm sandbox's hand-out), owned by the sandbox's user.
+
+        Raises:
+            SandboxUnavailable: they do not fit the disk quota.
+        """
+        try:
+            if seed:
+                self._seed_workspace(spec)
+            if spec.workspace is not None:
+                shutil.copytree(spec.workspace, self.host_workspace, symlinks=True, dirs_exist_ok=True)
+            if spec.snapshot is not None:
+                _extract(spec.snapshot, self.host_workspace)
+        except OSError as exc:
+            if not _out_of_space(exc):
+                raise
+            raise SandboxUnavailable(
+                f"the workspace does not fit the disk quota of {limits['disk_mb']} MiB: raise limits.disk_mb",
+                sandbox_id=self.id,
+            ) from exc
+        self._chown_tree(self.host_workspace)
+
+    def adopt(self, spec: SandboxSpec) -> None:
+        """Make a warm sandbox (started for ``spec``'s shape, empty) the caller's: this process owns
+        it, its workspace and snapshot are copied in, its label set, and its hard lifetime counts
+        from now (the reaper enforces ``record.deadline``).
+
+        Raises:
+            SandboxUnavailable: the workspace does not fit the disk quota.
+        """
+        limits = resolved_limits(spec, self.settings)
+        owner = ProcRef.of(os.getpid())
+        assert owner is not None
+        self.record.owner = owner
+        self.record.label = spec.label
+        self.record.deadline = time.time() + limits["wall_time_s"] if limits["wall_time_s"] else None
+        self.registry.save(self.record)
+        self._fill_workspace(spec, limits)
 
     def _prepare_disk(self, disk_mb: int | None) -> None:
         """Make ``self.fs`` the quota'd file system (or a plain directory) and record how."""

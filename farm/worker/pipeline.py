@@ -156,7 +156,7 @@ def execute_stage(rt: FarmRuntime, app: Celery, stage: Stage, job_id: int, *, wo
                 # The farm's database or Redis failed under the handler (a harness call's record, the
                 # balancer): the infrastructure's fault, retried like one, never the handler's bug.
                 reason = f"{failed} failed during {stage.value}: {type(exc).__name__}: {_first_line(exc)}"
-                return _retry_or_fail(rt, app, attempt, Outcome.INFRA_ERROR, reason)
+                return _retry_or_fail(rt, app, attempt, Outcome.INFRA_ERROR, reason, limits)
             detail = "".join(traceback.format_exception(exc))[-MAX_REASON_CHARS:]
             _teardown(rt, attempt)
             return _fail(rt, app, claim, worker, Outcome.HANDLER_ERROR, f"{type(exc).__name__}: {exc}\n{detail}")

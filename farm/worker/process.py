@@ -128,6 +128,9 @@ def run_worker(
         sweeper.start()
         # Sandboxes of a worker that was killed on this node are found by their owner pid and removed.
         start_reaper(settings, stop=stop_reaper)
+        if Stage.INIT in stages:
+            # Warm sandboxes for the INITs to come, as many as the shared queue holds (within the pool's size).
+            app.farm.sandboxes.start_pool(demand=lambda: int(app.farm.redis.llen(queue_name(Stage.INIT))))
         if Stage.RUN in stages:
             # Loading the policy's tokenizer (and importing transformers) takes seconds: do it now,
             # not while the first batch's episodes wait for it.
@@ -135,6 +138,7 @@ def run_worker(
 
     def _stop(**_: Any) -> None:
         stop_reaper.set()
+        app.farm.sandboxes.stop_pool()
         sweeper.stop()
         app.farm.close()
         # The interpreter's last collection walks the whole heap (torch and transformers where a

@@ -24,6 +24,8 @@ from farm.config import Settings
 from farm.errors import SandboxError
 from farm.sandbox import SandboxSpec, attach_sandbox, create_sandbox, environments, sandbox_root
 from farm.sandbox.environments import EnvironmentKind
+from farm.sandbox.node_reaper import ensure_node_reaper
+from farm.sandbox.pool import PoolKeeper, WarmPool
 from farm.sandbox.prepared import Prepared, prepared
 from farm.sandbox.server_sandbox import ServerSandbox
 
@@ -38,13 +40,45 @@ class SandboxResources:
         # live on to reap the server (another worker usually closes it).
         self._started: dict[str, ServerSandbox] = {}
         self._lock = threading.Lock()
+        #: the node's warm pool (``sandbox.pool_size`` > 0): ``create`` takes from it first.
+        self.pool: WarmPool | None = None
+        self._keeper: PoolKeeper | None = None
+        if settings.sandbox.pool_size > 0:
+            self.pool = WarmPool(
+                root=sandbox_root(settings),
+                driver=self.driver,
+                settings=settings.sandbox,
+                create=lambda spec: create_sandbox(settings, spec),
+                attach=lambda sandbox_id: attach_sandbox(settings, sandbox_id, claim=False),  # adopt claims
+            )
+
+    def start_pool(self, demand: Callable[[], int | None] = lambda: None) -> PoolKeeper | None:
+        """Keep the node's pool filled from this process (if no other process on the node does):
+        ``demand`` says how many sandboxes the queue will soon ask for (None: unknown)."""
+        if self.pool is None or self._keeper is not None:
+            return self._keeper
+        if self._settings.sandbox.node_reaper:  # warm sandboxes of a killed keeper must go too
+            ensure_node_reaper(self._settings.sandbox, sandbox_root(self._settings))
+        self._keeper = PoolKeeper(self.pool, demand=demand).start()
+        return self._keeper
+
+    def stop_pool(self) -> None:
+        """Stop refilling and close the warm sandboxes this process started."""
+        if self._keeper is not None:
+            self._keeper.stop(drain=True)
+            self._keeper = None
 
     def create(self, spec: SandboxSpec) -> ServerSandbox:
-        """Start a sandbox owned by this process (blocking: call from a thread in async code).
+        """A sandbox owned by this process: a warm one from the pool when it has one of this
+        spec's shape, else started now (blocking: call from a thread in async code).
 
         Raises:
             SandboxUnavailable: the runtime is missing or the sandbox did not come up.
         """
+        if self.pool is not None:
+            warm = self.pool.take(spec)
+            if warm is not None:
+                return warm
         sandbox = create_sandbox(self._settings, spec)
         with self._lock:
             for sandbox_id in [i for i, s in self._started.items() if s.started_here_and_exited()]:

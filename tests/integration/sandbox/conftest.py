@@ -17,10 +17,44 @@ from farm.sandbox import SandboxSpec, create_sandbox
 from farm.sandbox.server_sandbox import ServerSandbox
 
 IN_CI = bool(os.environ.get("CI"))
-#: drivers the contract suite runs against here (singularity has its own opt-in tests).
-RUNNABLE_DRIVERS = ["bwrap", "local", "bwrap-image"]
+#: drivers the contract suite runs against here (singularity has its own opt-in tests; docker needs
+#: a dockerd: --run-docker).
+RUNNABLE_DRIVERS = ["bwrap", "local", "bwrap-image", pytest.param("docker", marks=pytest.mark.docker)]
 #: the contract suite's name for a bwrap sandbox over a small image (``small_image``).
 IMAGE_DRIVER = "bwrap-image"
+#: the repository root (scripts/setup_docker.sh).
+_ROOT = Path(__file__).resolve().parents[3]
+#: the file scripts/setup_docker.sh records the dockerd it starts in.
+_DOCKERD_PIDFILE = Path(os.environ.get("FARM_DOCKERD_PIDFILE", "/run/rollout-farm-dockerd.pid"))
+
+
+def _docker_answers(host: str | None) -> bool:
+    argv = ["docker", *(["-H", host] if host else []), "info"]
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def docker_host() -> Iterator[str | None]:
+    """The daemon the docker driver talks to: $FARM_TEST_DOCKER_HOST, the one that answers, or one
+    scripts/setup_docker.sh starts here (and stops at the end)."""
+    host = os.environ.get("FARM_TEST_DOCKER_HOST") or None
+    if host is not None or _docker_answers(None):
+        if not _docker_answers(host):
+            pytest.fail(f"no Docker engine answers at {host}")
+        yield host
+        return
+    if os.geteuid() != 0:
+        pytest.fail("the docker driver tests start Docker with scripts/setup_docker.sh: run as root")
+    started_here = not _DOCKERD_PIDFILE.exists()
+    subprocess.run(["scripts/setup_docker.sh"], cwd=_ROOT, check=True, capture_output=True, timeout=600)
+    try:
+        yield None
+    finally:
+        if started_here:
+            subprocess.run(["scripts/setup_docker.sh", "--stop"], cwd=_ROOT, check=False, timeout=120)
 
 
 def require_bwrap() -> None:
@@ -65,6 +99,7 @@ def make_sandbox(sandbox_settings: Settings, request: pytest.FixtureRequest) -> 
     made: list[ServerSandbox] = []
 
     def make(driver: str, spec: SandboxSpec | None = None) -> ServerSandbox:
+        settings = sandbox_settings
         if driver == IMAGE_DRIVER:  # the bwrap driver over an image instead of the host's directories
             if os.geteuid() != 0:
                 pytest.skip("image sandboxes need a root worker (overlayfs)")
@@ -73,7 +108,12 @@ def make_sandbox(sandbox_settings: Settings, request: pytest.FixtureRequest) -> 
             driver = "bwrap"
         if driver == "bwrap":
             require_bwrap()
-        sandbox = create_sandbox(sandbox_settings, spec, driver=driver)
+        if driver == "docker":
+            host = request.getfixturevalue("docker_host")
+            settings = settings.model_copy(
+                update={"sandbox": settings.sandbox.model_copy(update={"docker_host": host})}
+            )
+        sandbox = create_sandbox(settings, spec, driver=driver)
         made.append(sandbox)
         return sandbox
 

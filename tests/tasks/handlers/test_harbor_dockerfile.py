@@ -65,7 +65,7 @@ def test_harbor_task_built_from_its_dockerfile(
 ) -> None:
     settings = Settings(
         data_dir=tmp_path / "data",
-        sandbox={"root_dir": tmp_path / "sb", "image_docker_path": DOCKER, "image_docker_host": docker_host,
+        sandbox={"root_dir": tmp_path / "sb", "docker_path": DOCKER, "docker_host": docker_host,
                  "image_build_network": "none"},
     )  # fmt: skip
     sandboxes = SandboxResources(settings)

@@ -136,9 +136,9 @@ def test_limits_from_spec_override_settings_and_zero_means_unlimited() -> None:
 
 def test_unknown_driver_is_a_config_error(tmp_path) -> None:
     with pytest.raises(ConfigError, match="bwrap"):
-        driver_class("docker")
+        driver_class("podman")
     with pytest.raises(ConfigError):
-        create_sandbox(Settings(data_dir=tmp_path, sandbox={"driver": "docker"}))
+        create_sandbox(Settings(data_dir=tmp_path, sandbox={"driver": "podman"}))
 
 
 def test_start_reaper_sweeps_until_stopped(tmp_path) -> None:
@@ -146,7 +146,7 @@ def test_start_reaper_sweeps_until_stopped(tmp_path) -> None:
 
     from farm.sandbox import sandbox_root, start_reaper
 
-    settings = Settings(data_dir=tmp_path, sandbox={"reap_interval_s": 0.05})
+    settings = Settings(data_dir=tmp_path, sandbox={"reap_interval_s": 0.05, "node_reaper": False})
     registry = Registry(root=sandbox_root(settings))
     registry.save(_record(tmp_path, _dead_pid(), []))
     stop = threading.Event()
