@@ -10,7 +10,8 @@ has a pool of n per node filled before each mode (as a hosted service's is), and
 the background while the mode runs. The sandbox is the default one: the host's root file system
 under bwrap, with the default limits (cgroups, a loop-mounted disk quota). ``--image`` runs the
 warm burst again for a sandbox of that image with ``--image-driver`` (bwrap: a ``docker save``
-archive or OCI layout on the node, see docs/sandbox.md; docker: an image the engine has). The floor is a bare ``bwrap ... echo`` (no server, no limits), measured in this run.
+archive or OCI layout on the node, see docs/sandbox.md; docker: an image the engine has). The
+floor is a bare ``bwrap ... echo`` (no server, no limits), measured in this run.
 
 Reference (computesdk/benchmarks, 100 sandboxes): Daytona 186 ms median one at a time, 367 ms
 median and 0.9 s all-ready in a burst. Ends with one JSON line.

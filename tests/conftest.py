@@ -96,8 +96,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="farm behind PgBouncer end to end: opt in with --run-pgbouncer"))
         if item.get_closest_marker("images") and not config.getoption("--run-images"):
             item.add_marker(pytest.mark.skip(reason="task-image test (a minute): opt in with --run-images"))
-    )
-    parser.addoption(
         if item.get_closest_marker("docker") and not config.getoption("--run-docker"):
             item.add_marker(pytest.mark.skip(reason="docker driver test (needs a dockerd): opt in with --run-docker"))
         if item.get_closest_marker("crash") and not config.getoption("--run-crash"):
