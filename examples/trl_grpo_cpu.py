@@ -105,7 +105,9 @@ class GapProbe:
         # TRL's compute_loss drops the rows' padding, then forwards the packed row with its tree layout.
         real = inputs["attention_mask"].bool()
         picked = inputs["token_index"] >= 0
-        tree = {key: inputs[key][inputs[key] >= 0] for key in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")}
+        tree = {
+            key: inputs[key][inputs[key] >= 0] for key in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")
+        }
         tree["tree_max_seqlen_q"], tree["tree_max_seqlen_k"] = inputs["tree_max_seqlens"][0].tolist()
         with torch.no_grad():
             out = torch.func.functional_call(
@@ -125,16 +127,10 @@ class GapProbe:
         gaps = (recomputed - inputs["old_log_probs"][picked]).abs()
         self.tokens += int(gaps.numel())
         self.max_gap = max(self.max_gap, float(gaps.max()))
-        if os.environ.get("TRL_FARM_DEBUG"):
-            print("probe", self.batches, versions, sorted(self.snapshots), float(gaps.max()), gaps[:6].tolist(), flush=True)
 
 
 def main() -> None:
     args = parse_args()
-    if os.environ.get("TRL_FARM_DEBUG"):
-        import logging
-
-        logging.basicConfig(level=logging.INFO)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     warnings.filterwarnings("ignore", category=FutureWarning)
     import torch
@@ -181,7 +177,8 @@ def main() -> None:
     started = time.monotonic()
 
     class Record(TrainerCallback):
-        def on_log(self, _args: Any, state: Any, _control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
+        def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            logs = kwargs.get("logs")
             if logs and "reward" in logs:
                 record = {"step": state.global_step, "seconds": round(time.monotonic() - started, 2), **logs}
                 history.append(record)
@@ -217,8 +214,7 @@ def main() -> None:
         probe = GapProbe(trainer, worker, samples_per_step)
         trainer.train()
         ledger = worker.ledger
-        buffered = worker.rollout_buffer.qsize()
-    emitted = sum(ledger.emitted.values())
+        buffered, taken = worker.rollout_buffer.qsize(), worker.rollout_buffer.taken
     with open(out / "metrics.jsonl", "w") as log:
         for record in history:
             log.write(json.dumps(record) + "\n")
@@ -233,11 +229,8 @@ def main() -> None:
         "weight_updates": transfer.updates,
         # every job the farm finished was seen once and made its samples once; the trainer took or
         # left buffered every sample made (TRL drops stale ones it takes: counted, never silently).
-        "samples_lost": sum(1 for job, n in ledger.seen.items() if n and job not in ledger.emitted)
-        - ledger.failed_jobs
-        + (emitted - worker.rollout_buffer.taken - buffered),
-        "samples_duplicated": sum(n - 1 for n in ledger.seen.values() if n > 1)
-        + sum(n - 1 for n in ledger.emitted.values() if n > 1),
+        "samples_lost": ledger.lost(taken=taken, buffered=buffered),
+        "samples_duplicated": ledger.duplicated(),
         "taken_stale": ledger.taken_stale,
         "failed_jobs": ledger.failed_jobs,
     }

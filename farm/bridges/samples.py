@@ -171,4 +171,5 @@ def group_advantages(rewards: Sequence[float]) -> npt.NDArray[np.float64]:
     r = np.asarray(rewards, dtype=np.float64)
     if r.size == 0:
         return r
-    return (r - r.mean()) / (r.std() + ADVANTAGE_EPS)
+    advantages: npt.NDArray[np.float64] = (r - r.mean()) / (r.std() + ADVANTAGE_EPS)
+    return advantages

@@ -41,16 +41,18 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 from farm.bridges.samples import TrainingSequence, group_advantages, to_sequences
 from farm.client import FarmClient
 from farm.errors import SampleFailed
 from farm.schemas import JobResult
 from farm.schemas.trials import TrialHistory
+
+if TYPE_CHECKING:
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,9 @@ def rollout_samples(
     of that trajectory (as TRL's own worker does for a conversation it forks). A row's
     ``model_version`` is the TRL version of the oldest weights that sampled it (``current_version``
     when no model sampled any of it)."""
+    # TRL's package imports its trainer (torch, accelerate, datasets): only when a group is made.
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
     scored: list[list[TrainingSequence]] = []
     failed = 0
     for result in results:
@@ -134,7 +139,7 @@ def rollout_samples(
     return out
 
 
-class LedgerQueue(queue.Queue[RolloutSample]):
+class LedgerQueue(queue.Queue[Any]):
     """The trainer's buffer, telling the worker what the trainer took (``on_take``): with the worker's
     ledger every sample is accounted for (taken, still buffered, or never made)."""
 
@@ -158,16 +163,30 @@ class Ledger:
     submitted: set[int] = field(default_factory=set)
     #: results seen per job (a result stream yields each job once: more is a duplicate).
     seen: Counter[int] = field(default_factory=Counter)
+    #: jobs whose group was handed on (scored jobs of every finished group not submitted again).
+    owed: set[int] = field(default_factory=set)
     #: samples put on the buffer per job (one per segment).
     emitted: Counter[int] = field(default_factory=Counter)
+    #: owed jobs whose samples were not put because the trainer stopped first.
+    unsent_at_stop: set[int] = field(default_factory=set)
     failed_jobs: int = 0
     retried_groups: int = 0
     #: samples the trainer took already more than ``max_staleness`` versions old (it drops them).
     taken_stale: int = 0
     #: the version of each sample the trainer kept, in the order it took them (its batches' order).
     kept_versions: list[int] = field(default_factory=list)
-    #: groups of batches cancelled at ``stop`` (never finished: not lost).
+    #: jobs of batches cancelled at ``stop`` (never finished: not lost).
     cancelled_jobs: int = 0
+
+    def lost(self, *, taken: int, buffered: int) -> int:
+        """Samples that should have reached the trainer and did not: owed jobs with no sample (the
+        trainer stopping first aside), and samples put that it neither took nor holds."""
+        missing = len(self.owed - set(self.emitted) - self.unsent_at_stop)
+        return missing + (sum(self.emitted.values()) - taken - buffered)
+
+    def duplicated(self) -> int:
+        """Jobs the results streams yielded more than once (a job seen once puts each segment once)."""
+        return sum(n - 1 for n in self.seen.values() if n > 1)
 
 
 class FarmRolloutWorker:
@@ -198,13 +217,16 @@ class FarmRolloutWorker:
         if num_generations < 2:
             raise ValueError(f"num_generations must be at least 2 for group-relative advantages, not {num_generations}")
         if samples_per_step < 1 or max_staleness < 0:
-            raise ValueError(f"samples_per_step ({samples_per_step}) must be >= 1, max_staleness ({max_staleness}) >= 0")
+            raise ValueError(
+                f"samples_per_step ({samples_per_step}) must be >= 1, max_staleness ({max_staleness}) >= 0"
+            )
         step_groups = -(-samples_per_step // num_generations)
         max_inflight_groups = max_inflight_groups or step_groups * (max_staleness + 1)
         groups_per_batch = groups_per_batch or min(step_groups, max_inflight_groups)
         if not 1 <= groups_per_batch <= max_inflight_groups:
             raise ValueError(
-                f"groups_per_batch ({groups_per_batch}) must be between 1 and max_inflight_groups ({max_inflight_groups})"
+                f"groups_per_batch ({groups_per_batch}) must be between 1 and "
+                f"max_inflight_groups ({max_inflight_groups})"
             )
         self.client = client or FarmClient(farm_url, token=token, timeout_s=120)
         self.rows = list(dataset)
@@ -390,8 +412,12 @@ class FarmRolloutWorker:
         elif group.failed:
             with self._cond:
                 self._shortfall += group.failed  # the step still needs that many samples
+        self.ledger.owed.update(group.job_ids)
         for sample, job_id in zip(group.samples, group.job_ids, strict=True):
-            while not self._stop.is_set():
+            while True:
+                if self._stop.is_set():
+                    self.ledger.unsent_at_stop.add(job_id)
+                    break
                 try:
                     self.rollout_buffer.put(sample, timeout=POLL_S)
                     self.ledger.emitted[job_id] += 1
