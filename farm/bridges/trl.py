@@ -37,6 +37,7 @@ import queue
 import shutil
 import threading
 import time
+import warnings
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -103,8 +104,11 @@ def rollout_samples(
     of that trajectory (as TRL's own worker does for a conversation it forks). A row's
     ``model_version`` is the TRL version of the oldest weights that sampled it (``current_version``
     when no model sampled any of it)."""
-    # TRL's package imports its trainer (torch, accelerate, datasets): only when a group is made.
-    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+    # TRL's package imports its trainer (torch, accelerate, datasets): only when a group is made. Its
+    # warning that trl.experimental is unstable says what this module's docstring already does.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="You are importing from 'trl.experimental'")
+        from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
     scored: list[list[TrainingSequence]] = []
     failed = 0
