@@ -5,11 +5,12 @@ the trainer keeps its loss, packing and optimizer; the farm runs every episode (
 graders, harnesses through its proxy) on its own backends and hands back token-exact rows.
 
 ``FarmRolloutWorker`` (TRL's ``RolloutWorkerProtocol``) cycles the prompt dataset, submits each
-row's farm task as a group of ``num_generations`` samples, a batch of ``groups_per_batch`` groups at a
-time while fewer than ``max_inflight_groups`` groups are out (a group is out from its submit until its
-last sample is in the trainer's buffer, and a full buffer blocks: nothing is produced past what the
-trainer can take), streams each batch's jobs as they finish and, once a group's last job is in,
-puts one ``RolloutSample`` per segment of each trajectory on ``rollout_buffer``: the whole sequence
+row's farm task as a group of ``num_generations`` samples, a batch of ``groups_per_batch`` groups at
+a time, as long as the trainer can still take them fresh (every step up to ``max_staleness``
+versions ahead, plus the micro-batch TRL's data loader reads ahead) and fewer than
+``max_inflight_groups`` groups are out (from submit until their samples are in the buffer; a full
+buffer blocks), streams each batch's jobs as they finish and, once a group's last job is in, puts
+one ``RolloutSample`` per segment of each trajectory on ``rollout_buffer``: the whole sequence
 (prompt, model turns with mask 1 and the farm's logprobs, tool results and generation prompts with
 mask 0), the group-relative advantage, and the TRL version of the oldest weights that sampled it.
 Each batch asks the farm for ``max_staleness`` (TRL's), so a rollout already too stale when its RUN
@@ -34,19 +35,18 @@ import itertools
 import json
 import logging
 import queue
-import shutil
 import threading
 import time
 import warnings
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from farm.bridges.samples import TrainingSequence, group_advantages, to_sequences
+from farm.bridges.trl_weights import FarmWeightTransfer
 from farm.client import FarmClient
 from farm.errors import SampleFailed
 from farm.schemas import JobResult
@@ -60,8 +60,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_RETRIES = 2
 #: how long a blocked put or an idle feeder sleeps before it looks at ``stop`` again.
 POLL_S = 0.2
-#: files of the base model directory copied next to each checkpoint's weights (config, tokenizer).
-CHECKPOINT_SIDE_FILES = ("*.json", "*.jinja", "*.model", "*.txt")
+
+__all__ = ["FarmRolloutWorker", "FarmWeightTransfer", "GroupSamples", "Ledger", "LedgerQueue", "farm_task"]
 
 TaskOf = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
@@ -437,76 +437,3 @@ class FarmRolloutWorker:
             self.metrics_queue.put_nowait(values)
         except queue.Full:
             pass  # a trainer that stops reading metrics must never block rollouts
-
-
-class FarmWeightTransfer:
-    """TRL's ``WeightTransferProtocol`` over the farm's weight updates; see the module docstring."""
-
-    def __init__(
-        self,
-        farm_url: str,
-        *,
-        token: str | None,
-        model_dir: str | Path,
-        checkpoint_dir: str | Path,
-        mode: Literal["keep", "wait", "abort"] = "keep",
-        timeout_s: float = 900.0,
-        client: FarmClient | None = None,
-    ) -> None:
-        self.client = client or FarmClient(farm_url, token=token, timeout_s=max(120.0, timeout_s))
-        self.model_dir, self.checkpoint_dir = Path(model_dir), Path(checkpoint_dir)
-        self.mode, self.timeout_s = mode, timeout_s
-        self._update: int | None = None
-        self._from_version = 0
-        self._loaded: Path | None = None
-        self.updates = 0
-
-    def init_weight_transfer(self) -> None:
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        self.client.weights()  # the farm answers and we may drive its updates (401 otherwise)
-
-    def pause(self) -> None:
-        update = self.client.pause(mode=self.mode, timeout_s=self.timeout_s)
-        self._update, self._from_version = update.id, update.from_version
-
-    def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
-        """Write the streamed tensors as a checkpoint and have every paused backend load it.
-
-        Raises:
-            RuntimeError: no update is paused (``pause`` first).
-            farm.errors.FarmError: a backend could not load it (the update is rolled back)."""
-        if self._update is None:
-            raise RuntimeError("send_weights before pause: no farm weight update is open")
-        from safetensors.torch import save_file
-
-        version = self._from_version + 1
-        target = self.checkpoint_dir / f"v{version}"
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        try:
-            for pattern in CHECKPOINT_SIDE_FILES:
-                for side in self.model_dir.glob(pattern):
-                    shutil.copy2(side, target / side.name)
-            tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in iterator}
-            save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
-            self.client.load_weights(self._update, path=target, version=version)
-        except BaseException:
-            self.client.rollback(self._update)
-            self._update = None
-            raise
-        if self._loaded is not None and self._loaded != target:
-            shutil.rmtree(self._loaded, ignore_errors=True)  # the backends serve the new one from now on
-        self._loaded = target
-
-    def resume(self) -> None:
-        if self._update is None:
-            return
-        update, self._update = self._update, None
-        self.client.resume(update)
-        self.updates += 1
-
-    def destroy(self) -> None:
-        if self._update is not None:
-            self.client.rollback(self._update)
-            self._update = None
-        self.client.close()
