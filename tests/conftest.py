@@ -40,6 +40,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addoption("--run-verl", action="store_true", help="run the verl bridge against verl in its own venv")
     parser.addoption(
+        "--run-trl", action="store_true", help="run TRL's AsyncGRPOTrainer through the farm (scripts/setup_trl.sh)"
+    )
+    parser.addoption(
         "--run-slurm",
         action="store_true",
         help="run the farm on a one-node Slurm cluster of the test's own (installs slurm-wlm, root)",
@@ -88,6 +91,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="model-family suite: opt in with --run-matrix"))
         if item.get_closest_marker("verl") and not config.getoption("--run-verl"):
             item.add_marker(pytest.mark.skip(reason="verl test: opt in with --run-verl (scripts/setup_verl.sh)"))
+        if item.get_closest_marker("trl") and not config.getoption("--run-trl"):
+            item.add_marker(pytest.mark.skip(reason="TRL test: opt in with --run-trl (scripts/setup_trl.sh)"))
         if item.get_closest_marker("slurm") and not config.getoption("--run-slurm"):
             item.add_marker(pytest.mark.skip(reason="Slurm test (a cluster of its own): opt in with --run-slurm"))
         if item.get_closest_marker("compose") and not config.getoption("--run-compose"):

@@ -1,6 +1,8 @@
 """A finished farm job as one RL sample, in the prompt/response split trainers' rollout workers use.
 
 Framework-neutral (no verl, no torch): ``farm.bridges.verl`` wraps it in verl's own output type.
+``to_sequences`` gives the whole-sequence shape instead (ids, loss mask, logprobs over the full row,
+as TRL's ``RolloutSample`` holds them): ``farm.bridges.trl`` wraps that.
 The prompt is the trajectory's first span (the rendered first messages); the response is everything
 after it: the model's turns (mask 1, with the logprobs the backend sampled them with) and what came
 between them (tool results and the next generation prompts: mask 0, logprob 0).
@@ -13,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
-from farm.client.arrays import TrajectoryArrays, decode_trajectory
+from farm.client.arrays import TrajectoryArrays, decode_trajectory, segment_rows
 from farm.constants import POLICY_OUTCOMES
 from farm.errors import SampleFailed
 from farm.schemas import JobResult
@@ -106,3 +109,67 @@ def _split(
         num_turns=len(offsets),
         extra=extra,
     )
+
+
+#: added to a group's reward spread so a group whose rewards are all equal gets advantage 0, not NaN.
+ADVANTAGE_EPS = 1e-8
+
+
+@dataclass
+class TrainingSequence:
+    """One training row over the whole sequence: the prompt, the model's turns (mask 1, with the logprobs
+    the backend sampled them with) and what came between them (tool results, the next generation
+    prompts: mask 0, logprob 0), in the order the model saw them."""
+
+    input_ids: npt.NDArray[np.int64]
+    completion_mask: npt.NDArray[np.int64]
+    old_log_probs: npt.NDArray[np.float32]
+    #: the oldest weight version that sampled a token of the row (None: no model sampled any).
+    oldest_version: int | None
+    job_id: int
+    group_id: int
+    reward: float
+    #: the row's place among its trajectory's segments (the main one last) and how many there are.
+    segment: int
+    segments: int
+
+
+def to_sequences(result: JobResult) -> list[TrainingSequence]:
+    """A done job as training rows, one per segment: its other segments in the order they were made,
+    then its main one (one row under the ``exact`` history policy), the reward on each.
+
+    Raises:
+        SampleFailed: the job has no reward or no trajectory (not the policy's doing).
+    """
+    job, traj = result.job, result.trajectory
+    if traj is None or job.reward is None or job.outcome not in POLICY_OUTCOMES:
+        raise SampleFailed(f"job {job.id} ended {job.state.value} ({job.outcome}): {job.reason or 'no reward'}")
+    rows = segment_rows(decode_trajectory(traj))
+    out = []
+    for index, arrays in enumerate(rows):
+        mask = arrays.loss_mask.astype(np.int64)
+        versions = [int(span[0]) for span in arrays.weight_versions]
+        out.append(
+            TrainingSequence(
+                input_ids=arrays.token_ids.astype(np.int64),
+                completion_mask=mask,
+                old_log_probs=np.where(mask > 0, arrays.logprobs, 0.0).astype(np.float32),
+                oldest_version=min(versions) if versions else None,
+                job_id=job.id,
+                group_id=job.group_id,
+                reward=float(job.reward),
+                segment=index,
+                segments=len(rows),
+            )
+        )
+    return out
+
+
+def group_advantages(rewards: Sequence[float]) -> npt.NDArray[np.float64]:
+    """Each reward against the others of its group: ``(r - mean) / (std + eps)``, the population std
+    (TRL's own rollout worker's formula)."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.size == 0:
+        return r
+    advantages: npt.NDArray[np.float64] = (r - r.mean()) / (r.std() + ADVANTAGE_EPS)
+    return advantages

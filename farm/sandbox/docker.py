@@ -34,7 +34,7 @@ from farm.errors import SandboxUnavailable
 from farm.sandbox.base import SandboxSpec
 from farm.sandbox.bwrap import _STD_PATH, FARM_LIB_INSIDE, BwrapSandbox, _python_dirs, _under
 from farm.sandbox.procs import ProcRef
-from farm.sandbox.server_sandbox import FARM_SOURCE_DIR, RUN_DIR_INSIDE, server_pythonpath
+from farm.sandbox.server_sandbox import FARM_SOURCE_DIR, RUN_DIR_INSIDE, ServerSandbox, server_pythonpath
 
 #: the empty image a sandbox without ``spec.image`` runs (made on first use with ``docker import``).
 EMPTY_IMAGE = "farm-empty:1"
@@ -145,6 +145,10 @@ class DockerSandbox(BwrapSandbox):
     #: Docker makes and removes the container's cgroups itself.
     own_cgroups = False
 
+    def _prepare(self, spec: SandboxSpec, limits: dict[str, Any]) -> None:
+        # ``spec.image`` names an image the engine has: nothing for bwrap's image cache to unpack.
+        ServerSandbox._prepare(self, spec, limits)
+
     def _tool_env(self, spec: SandboxSpec) -> dict[str, str]:
         env = super()._tool_env(spec)
         if spec.image is not None and "PATH" not in spec.env:
@@ -161,7 +165,7 @@ class DockerSandbox(BwrapSandbox):
             )
         return [docker, "-H", self.settings.docker_host] if self.settings.docker_host else [docker]
 
-    def _image(self, docker: list[str], spec: SandboxSpec) -> str:
+    def _image_name(self, docker: list[str], spec: SandboxSpec) -> str:
         if spec.image is not None:
             return spec.image
         with _empty_image_lock:
@@ -186,7 +190,7 @@ class DockerSandbox(BwrapSandbox):
 
     def _launch(self, spec: SandboxSpec, limits: dict[str, Any]) -> None:
         docker = self._docker()
-        image = self._image(docker, spec)
+        image = self._image_name(docker, spec)
         config = self._server_config(spec, limits, socket_path=f"{RUN_DIR_INSIDE}/server.sock")
         env = {"PYTHONPATH": server_pythonpath(FARM_LIB_INSIDE)}
         init = _static_init()
