@@ -61,6 +61,9 @@ class ApiSettings(BaseModel):
     #: bearer token every route but the health checks requires; ``farm up`` makes one if unset.
     token: SecretStr | None = None
     max_body_bytes: int = 32 * 1024 * 1024
+    #: a request whose headers, or whose body, have not all come within this many seconds is closed
+    #: (headers) or answered 408 (body): a client trickling its bytes (its proxy routes included).
+    read_timeout_s: float = Field(default=30.0, gt=0)
     max_tasks_per_batch: int = 100_000
     #: tasks x group_size of a batch whose jobs are all made at submit (a dynamic batch makes its
     #: groups as it goes, so only its tasks count): every job is a row written before the answer.

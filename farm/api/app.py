@@ -102,7 +102,9 @@ def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastA
     install_error_handlers(app)
     install_openapi(app, settings)
     install_docs(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.api.max_body_bytes, read_timeout_s=settings.api.read_timeout_s
+    )
     app.include_router(health.router)
     protected = [Depends(require_token)]
     # Every route of these routers needs the token and reaches the database or Redis.
