@@ -251,7 +251,8 @@ class ProxySettings(BaseModel):
     #: deepest nesting of objects and arrays in a request body (a tool's schema included).
     max_json_depth: int = Field(default=64, gt=0)
     #: the longest context any backend serves, in tokens: a prompt whose text cannot fit it is refused
-    #: from its length before it is tokenized (``farm.proxy.bounds``).
+    #: from its length, or once its tokens, counted piece by piece, pass it: before it is tokenized
+    #: whole (``farm.proxy.bounds``, ``farm.llm.counting``).
     max_prompt_tokens: int = Field(default=262_144, gt=0)
     #: processes ``farm proxy`` serves with, sharing its sockets (each is one event loop, about 6 ms of
     #: CPU per call): a node running many harnesses wants about one per core the backend leaves free.

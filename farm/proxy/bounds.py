@@ -14,6 +14,11 @@ without tokenizing it. The slack covers a tokenizer's normalizer, which may comp
 (NFC composes three Hangul jamo into one syllable). Counted: the strings under ``PROMPT_FIELDS``
 (a few, like a content block's ``type``, are not rendered: the slack covers them too). Longest
 tokens: the tiny test model's 16 characters, Qwen3's and Llama 3's 128.
+
+A prompt that passes that check may still hold far more than ``max_prompt_tokens`` (a 4 MB
+message of the tiny model's: 4 M tokens): every text the proxy tokenizes is bounded by
+``prompt_bound``, which counts a long one piece by piece and refuses it once past the limit
+(``farm.llm.counting``), so the work before a refusal is bounded by the limit, not the text.
 """
 
 from __future__ import annotations
