@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -57,7 +58,7 @@ def _case(tokenizer_dir: str, kind: str, mb: float, mode: str) -> dict[str, obje
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     settings = ProxySettings()
     bound = bounds.prompt_bound(bounds.longest_token_bytes(tokenizer), settings) if mode == "counted" else None
-    renderer = Renderer(tokenizer, bound=bound)
+    renderer = Renderer(cast(Any, tokenizer), bound=bound)
     renderer.fresh([Message(role="user", content="warm up")], [])
     message = Message(role="user", content=_text(kind, int(mb * 1_000_000)))
     Path("/proc/self/clear_refs").write_text("5")  # the peak RSS from here on

@@ -96,7 +96,11 @@ class Renderer:
     and tools in the template's shape, through the shared ``farm.llm.rendering.ChatRenderer``."""
 
     def __init__(
-        self, tokenizer: ChatTokenizer, *, template_kwargs: dict[str, Any] | None = None, bound: TokenBound | None = None
+        self,
+        tokenizer: ChatTokenizer,
+        *,
+        template_kwargs: dict[str, Any] | None = None,
+        bound: TokenBound | None = None,
     ) -> None:
         self.chat = ChatRenderer(tokenizer, template_kwargs=template_kwargs, bound=bound)
         self.bound = bound
