@@ -94,3 +94,23 @@ def test_a_text_that_fits_is_tokenized_whole_with_the_ids_it_always_had(
     assert ChatRenderer(tiny_tokenizer, bound=bound).encode(text) == exact
     with pytest.raises(ContextLengthExceeded, match="proxy.max_prompt_tokens"):
         ChatRenderer(tiny_tokenizer, bound=TokenBound(max_tokens=len(exact) - 1, reach=bound.reach)).encode(text)
+
+
+def test_a_text_past_the_limit_is_refused_without_being_tokenized_whole(tiny_tokenizer: Any) -> None:
+    whole: list[int] = []
+
+    class Tokenizer:
+        """The tiny tokenizer, telling what it tokenizes whole (the count goes through its backend)."""
+
+        backend_tokenizer = tiny_tokenizer.backend_tokenizer
+        all_special_ids = tiny_tokenizer.all_special_ids
+        eos_token_id = tiny_tokenizer.eos_token_id
+
+        def encode(self, text: str, **kwargs: Any) -> list[int]:
+            whole.append(len(text))
+            return list(tiny_tokenizer.encode(text, **kwargs))
+
+    renderer = ChatRenderer(Tokenizer(), bound=TokenBound(max_tokens=1_000, reach=reach(tiny_tokenizer)))  # type: ignore[arg-type]
+    with pytest.raises(ContextLengthExceeded, match="more than"):
+        renderer.encode("the model wrote this\n" * 50_000)
+    assert whole == []
