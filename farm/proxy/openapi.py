@@ -87,7 +87,8 @@ def proxy_openapi() -> dict[str, Any]:
     for path, (operation_id, summary, model, error, streams) in _ROUTES.items():
         answer: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
         if streams:
-            answer["text/event-stream"] = {"schema": {"type": "string"}}
+            # Server-sent events: each event's data is the format's JSON (OpenAI's stream ends with [DONE]).
+            answer["text/event-stream"] = {"schema": {}}
         responses: dict[str, Any] = {
             "200": {"description": "the answer (streamed with `stream: true`)", "content": answer}
         }
