@@ -2,7 +2,7 @@
 
 The routes are the OpenAI and Anthropic APIs (documented by them); this document says which part of
 them the proxy reads, from the same pydantic models its formats parse with, so a fuzzer (schemathesis,
-``tests/integration/proxy/test_proxy_schemathesis.py``) can build requests for them. Its paths are
+``tests/integration/proxy/test_proxy_fuzz.py``) can build requests for them. Its paths are
 relative to the server ``/proxy/{trial}/v1`` (verl's harnesses use ``/{trial}/v1``): give a client
 the trial's base URL, and the trial's key as the API key. Served by the API at
 ``/proxy/openapi.json`` and by ``farm proxy`` at ``/openapi.json``.
