@@ -73,6 +73,9 @@ class ApiSettings(BaseModel):
     #: bearer token every route but the health checks requires; ``farm up`` makes one if unset.
     token: SecretStr | None = None
     max_body_bytes: int = 32 * 1024 * 1024
+    #: a request whose headers, or whose body, have not all come within this many seconds is closed
+    #: (headers) or answered 408 (body): a client trickling its bytes (its proxy routes included).
+    read_timeout_s: float = Field(default=30.0, gt=0)
     max_tasks_per_batch: int = 100_000
     #: tasks x group_size of a batch whose jobs are all made at submit (a dynamic batch makes its
     #: groups as it goes, so only its tasks count): every job is a row written before the answer.
@@ -302,7 +305,8 @@ class ProxySettings(BaseModel):
     #: deepest nesting of objects and arrays in a request body (a tool's schema included).
     max_json_depth: int = Field(default=64, gt=0)
     #: the longest context any backend serves, in tokens: a prompt whose text cannot fit it is refused
-    #: from its length before it is tokenized (``farm.proxy.bounds``).
+    #: from its length, or once its tokens, counted piece by piece, pass it: before it is tokenized
+    #: whole (``farm.proxy.bounds``, ``farm.llm.counting``).
     max_prompt_tokens: int = Field(default=262_144, gt=0)
     #: processes ``farm proxy`` serves with, sharing its sockets (each is one event loop, about 6 ms of
     #: CPU per call): a node running many harnesses wants about one per core the backend leaves free.

@@ -9,6 +9,7 @@ from typing import Any
 import redis
 from celery import Celery
 from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
 
 from farm import __version__
 from farm.api.deps import AppState, require_token, single_valued_query
@@ -37,6 +38,8 @@ from farm.handlers.registry import allow_handler_paths
 from farm.llm.balancer import Balancer
 from farm.llm.health import HealthChecker
 from farm.proxy.app import make_core
+from farm.proxy.openapi import API_PATH as proxy_openapi_path
+from farm.proxy.openapi import proxy_openapi
 from farm.proxy.routes import make_router
 from farm.weights.coordinator import WeightUpdater
 from farm.worker.app import make_celery_app
@@ -102,7 +105,9 @@ def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastA
     install_error_handlers(app)
     install_openapi(app, settings)
     install_docs(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.api.max_body_bytes, read_timeout_s=settings.api.read_timeout_s
+    )
     app.include_router(health.router)
     protected = [Depends(require_token)]
     # Every route of these routers needs the token and reaches the database or Redis.
@@ -118,6 +123,8 @@ def create_app(settings: Settings, *, celery_app: Celery | None = None) -> FastA
     # verl's session calls take the token as Basic auth too (a proxy URL with userinfo).
     app.include_router(verl_sessions.router, responses=answers)
     # The proxy's routes take a trial's key, not the farm's token; verl's harnesses use /{trial}/v1.
+    # Their own OpenAPI document (farm.proxy.openapi), public as the API's is.
+    app.add_api_route(proxy_openapi_path, lambda: JSONResponse(proxy_openapi()), include_in_schema=False)
     app.include_router(make_router(lambda request: request.app.state.proxy_core))
     app.include_router(make_router(lambda request: request.app.state.proxy_core, prefix="/{trial}/v1"))
     return app

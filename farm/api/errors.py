@@ -6,6 +6,7 @@ so the spec promises the body the API really sends (never FastAPI's ``HTTPValida
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
@@ -194,10 +195,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 class BodyLimitMiddleware:
-    """Refuse request bodies over ``max_bytes`` with 413 before they are read into memory."""
+    """Refuse request bodies over ``max_bytes`` with 413 before they are read into memory, and
+    bodies not received within ``read_timeout_s`` with 408 (a client trickling its bytes would
+    hold a socket and a buffer for ever; its headers' deadline is ``farm.cli.process``'s)."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, *, max_bytes: int, read_timeout_s: float) -> None:
+        self.app, self.max_bytes, self.read_timeout_s = app, max_bytes, read_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -208,32 +211,53 @@ class BodyLimitMiddleware:
             await self._too_large(scope, receive, send)
             return
         seen = 0
-        refused = False
+        refused: _Refused | None = None
+        body_read = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.read_timeout_s
 
         async def counting_receive() -> Message:
-            nonlocal seen, refused
-            message = await receive()
+            nonlocal seen, refused, body_read
+            if body_read:  # a route waiting for the client to leave (a stream, a long-poll) waits on
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                refused = _TooSlow()
+                raise refused from None
+            body_read = message["type"] != "http.request" or not message.get("more_body", False)
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
-                refused = True
-                raise _TooLarge
+                refused = _TooLarge()
+                raise refused
             return message
 
         async def send_unless_refused(message: Message) -> None:
             # FastAPI answers any error while reading a body (ours included) with a 400 of its own:
             # once the body is refused, only the 413 goes out.
-            if not refused:
+            if refused is None:
                 await send(message)
 
-        with contextlib.suppress(_TooLarge):
+        with contextlib.suppress(_Refused):
             await self.app(scope, counting_receive, send_unless_refused)
-        if refused:
+        if isinstance(refused, _TooLarge):
             await self._too_large(scope, receive, send)
+        elif refused is not None:
+            detail = f"the request body was not sent within {self.read_timeout_s} s (api.read_timeout_s)"
+            await error_response(408, "request_timeout", detail, headers={"Connection": "close"})(scope, receive, send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         detail = f"request body is larger than {self.max_bytes} bytes; split the batch into smaller submissions"
         await error_response(413, "body_too_large", detail)(scope, receive, send)
 
 
-class _TooLarge(Exception):
+class _Refused(Exception):
+    """A body the middleware refused while the app was reading it."""
+
+
+class _TooLarge(_Refused):
+    pass
+
+
+class _TooSlow(_Refused):
     pass

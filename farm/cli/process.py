@@ -58,6 +58,11 @@ class HeadersTimedOut(H11Protocol):
             self.transport.close()
 
 
+def headers_deadline(seconds: float) -> type[HeadersTimedOut]:
+    """``HeadersTimedOut`` closing after ``seconds`` (the API process's: ``api.read_timeout_s``)."""
+    return type("HeadersTimedOut", (HeadersTimedOut,), {"headers_timeout_s": seconds})
+
+
 def serve_proxy(settings: Settings, sockets: list[socket.socket], *, processes: int) -> None:
     """Serve the proxy on ``sockets`` in this process, or in ``processes`` children of it."""
     import uvicorn

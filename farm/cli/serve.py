@@ -10,7 +10,7 @@ import click
 
 from farm.cli.base import console, load_settings, main, out
 from farm.cli.memory import keep_freed_memory
-from farm.cli.process import bind_proxy_sockets, serve_proxy
+from farm.cli.process import bind_proxy_sockets, headers_deadline, serve_proxy
 from farm.constants import Stage
 
 
@@ -33,6 +33,8 @@ def api(host: str | None, port: int | None) -> None:
         port=port or settings.api.port,
         log_level="info",
         timeout_graceful_shutdown=5,
+        # Its proxy routes face harnesses as ``farm proxy`` does: a client trickling its headers is closed.
+        http=headers_deadline(settings.api.read_timeout_s),
     )
 
 

@@ -17,6 +17,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from farm.config import Settings
+from farm.schemas.stored import loads_stored
 
 T = TypeVar("T")
 
@@ -67,6 +68,8 @@ def _postgres_engine(
         # drops every connection of that generation, and the stage (or the API client) retries.
         pool_pre_ping=db.pool_pre_ping,
         connect_args=connect_args,
+        # A row stored before farm.schemas.stored's rules may hold a lone surrogate: served replaced.
+        json_deserializer=loads_stored,
         **engine_options,
     )
 
@@ -161,6 +164,7 @@ def _sqlite_engine(url: str, settings: Settings) -> Engine:
         url,
         echo=settings.database.echo,
         connect_args={"timeout": settings.database.sqlite_busy_timeout_s, "check_same_thread": False},
+        json_deserializer=loads_stored,
     )
 
     @event.listens_for(engine, "connect")

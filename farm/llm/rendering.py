@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from farm.errors import TemplateFork, TemplateRefused
+from farm.llm.counting import TokenBound
 
 #: content for an assistant message whose rendering shows what the template writes after one.
 SENTINEL = "FARM-PROXY-SENTINEL-3f9c"
@@ -81,9 +82,17 @@ class ExactDelta:
 class ChatRenderer:
     """Renders template-shaped messages with the policy's chat template into text and token ids."""
 
-    def __init__(self, tokenizer: ChatTokenizer, *, template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        *,
+        template_kwargs: dict[str, Any] | None = None,
+        bound: TokenBound | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.template_kwargs = template_kwargs or {}
+        #: what one text may hold before it is tokenized (None: any length; the proxy's harnesses are bounded).
+        self.bound = bound
         special = set(getattr(tokenizer, "all_special_ids", None) or [])
         eos = getattr(tokenizer, "eos_token_id", None)
         #: ids a template writes as markers (the end of a turn...), never as text.
@@ -110,7 +119,17 @@ class ChatRenderer:
         return str(text)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """``text``'s ids, tokenized whole.
+
+        Raises:
+            ContextLengthExceeded: it holds more tokens than ``bound`` allows (counted, not tokenized whole).
+        """
+        if self.bound is not None:
+            self.bound.check(self.tokenizer, text)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if self.bound is not None:
+            self.bound.check_ids(len(ids), len(text))
+        return ids
 
     def fresh(self, messages: Sequence[Message], tools: Tools | None) -> list[int]:
         """The prompt of a conversation that starts a segment."""

@@ -26,6 +26,7 @@ from farm.llm.session import ClientPool
 from farm.llm.tokenizer import load_tokenizer
 from farm.proxy.core import ProxyCore
 from farm.proxy.errors import any_sdk_error_body
+from farm.proxy.openapi import proxy_openapi
 from farm.proxy.routes import proxy_routes
 from farm.trials.recorder import make_recorder
 
@@ -83,10 +84,17 @@ def create_proxy_app(settings: Settings) -> Starlette:
     async def health(_: Request) -> Response:
         return Response(status_code=200)
 
+    async def openapi(_: Request) -> Response:
+        return JSONResponse(proxy_openapi())
+
     # Starlette, not FastAPI: the routes are plain (``proxy_routes``), and FastAPI's middleware
     # would only add CPU to every call.
     app = Starlette(
-        routes=[Route("/health", health), *proxy_routes(lambda request: request.app.state.proxy_core)],
+        routes=[
+            Route("/health", health),
+            Route("/openapi.json", openapi),
+            *proxy_routes(lambda request: request.app.state.proxy_core),
+        ],
         exception_handlers={StarletteHTTPException: http_error},
         lifespan=lifespan,
     )

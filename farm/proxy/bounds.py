@@ -14,6 +14,11 @@ without tokenizing it. The slack covers a tokenizer's normalizer, which may comp
 (NFC composes three Hangul jamo into one syllable). Counted: the strings under ``PROMPT_FIELDS``
 (a few, like a content block's ``type``, are not rendered: the slack covers them too). Longest
 tokens: the tiny test model's 16 characters, Qwen3's and Llama 3's 128.
+
+A prompt that passes that check may still hold far more than ``max_prompt_tokens`` (a 4 MB
+message of the tiny model's: 4 M tokens): every text the proxy tokenizes is bounded by
+``prompt_bound``, which counts a long one piece by piece and refuses it once past the limit
+(``farm.llm.counting``), so the work before a refusal is bounded by the limit, not the text.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from starlette.requests import Request
 
 from farm.config import ProxySettings
 from farm.errors import ProxyError
+from farm.llm.counting import TokenBound
 
 #: what a normalizer may shrink a text's bytes by, at most (see the module docstring).
 NORMALIZING_SLACK = 4
@@ -167,6 +173,13 @@ def longest_token_bytes(tokenizer: Any) -> int:
     byte-level spelling has a character per byte, at least one per character of text; a
     SentencePiece spelling has one per character, ``<0x41>`` six for one)."""
     return max((len(token) for token in tokenizer.get_vocab()), default=1)
+
+
+def prompt_bound(longest_token: int, settings: ProxySettings) -> TokenBound:
+    """What one text the proxy tokenizes may hold: ``max_prompt_tokens``, counted piece by piece
+    before it is tokenized whole (``farm.llm.counting``); no token spans more than the longest
+    token's characters, a normalizer's slack included."""
+    return TokenBound(max_tokens=settings.max_prompt_tokens, reach=NORMALIZING_SLACK * longest_token)
 
 
 def check_prompt_bytes(prompt_bytes: int, *, longest_token: int, max_prompt_tokens: int) -> None:

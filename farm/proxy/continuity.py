@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.errors import NoCallOpening
+from farm.llm.counting import TokenBound
 from farm.llm.rendering import ChatRenderer, ChatTokenizer, ExactDelta
 from farm.llm.tokenizer import end_of_turn_ids
 from farm.proxy.conversation import Message, Tool, ToolCall
@@ -94,8 +95,15 @@ class Renderer:
     """Renders the proxy's requests with the policy's chat template into token ids: its messages
     and tools in the template's shape, through the shared ``farm.llm.rendering.ChatRenderer``."""
 
-    def __init__(self, tokenizer: ChatTokenizer, *, template_kwargs: dict[str, Any] | None = None) -> None:
-        self.chat = ChatRenderer(tokenizer, template_kwargs=template_kwargs)
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        *,
+        template_kwargs: dict[str, Any] | None = None,
+        bound: TokenBound | None = None,
+    ) -> None:
+        self.chat = ChatRenderer(tokenizer, template_kwargs=template_kwargs, bound=bound)
+        self.bound = bound
         self.tokenizer = tokenizer
         self.template_kwargs = self.chat.template_kwargs
         self.special_ids = self.chat.special_ids

@@ -134,10 +134,11 @@ class ProxyCore:
             # imported (ImportError: cannot import name 'AutoTokenizer').
             with self._loading:
                 if self._renderer is None:
-                    renderer = Renderer(self._tokenizer_loader())
+                    tokenizer = self._tokenizer_loader()
+                    self._longest_token = bounds.longest_token_bytes(tokenizer)
+                    renderer = Renderer(tokenizer, bound=bounds.prompt_bound(self._longest_token, self.settings))
                     template = getattr(renderer.tokenizer, "chat_template", None)
                     self._parsers = parsers.choose(self.settings, template)
-                    self._longest_token = bounds.longest_token_bytes(renderer.tokenizer)
                     self._renderer = renderer
         return self._renderer
 
@@ -148,7 +149,7 @@ class ProxyCore:
         if renderer is None:
             if len(self._kwarg_renderers) >= MAX_KWARG_RENDERERS:
                 self._kwarg_renderers.pop(next(iter(self._kwarg_renderers)))
-            renderer = self._kwarg_renderers[key] = Renderer(base.tokenizer, template_kwargs=kwargs)
+            renderer = self._kwarg_renderers[key] = Renderer(base.tokenizer, template_kwargs=kwargs, bound=base.bound)
         return renderer
 
     async def longest_token_bytes(self) -> int:

@@ -192,8 +192,8 @@ def proxy_routes(get_core: Callable[[Request], ProxyCore], *, prefix: str = "/pr
 
     Plain Starlette routes, not FastAPI's: they read their own bodies and answer in each format's
     shape, so FastAPI's parameter solving and middleware would only cost CPU (``farm proxy`` serves
-    them as a Starlette app: ~4% less of its CPU per call, bench/proxy.py). Not in the OpenAPI
-    document: these are the OpenAI and Anthropic APIs, documented by them.
+    them as a Starlette app: ~4% less of its CPU per call, bench/proxy.py). Not in the API's OpenAPI
+    document: they have their own (``farm.proxy.openapi``).
     """
     routes: list[Route] = []
 

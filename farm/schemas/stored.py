@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Strict, StringConstraints
@@ -33,6 +34,10 @@ MAX_METADATA_BYTES = 64 * 1024
 NO_NUL_PATTERN = r"^[^\x00]*$"
 #: a 64-bit signed integer's bounds: what a seed or token id may be anywhere after us.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: an unpaired UTF-16 surrogate in a Python string (a paired one is read as the character it encodes).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: the JSON escape of a UTF-16 surrogate (paired or not) in a JSON text.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 #: the OpenAPI description of a ``StoredMetadata`` field.
 METADATA_ABOUT = (
     f"the trainer's own, served back as given: JSON with finite numbers and text without NUL, nested at most "
@@ -83,6 +88,29 @@ def check_json(value: Any, max_bytes: int | None = None) -> Any:
         size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
         if size > max_bytes:
             raise ValueError(f"{size} bytes as JSON: at most {max_bytes} bytes")
+    return value
+
+
+def loads_stored(text: str | bytes) -> Any:
+    """A stored JSON text read back, with any unpaired UTF-16 surrogate in it replaced by U+FFFD.
+
+    Nothing accepted now holds one, but a batch or trial stored before these rules may (PostgreSQL's
+    ``json`` keeps the escape ``"\\udfff"`` as written): read as is, no answer could carry it (a 500
+    on every read). Only a text holding such an escape is walked.
+    """
+    value = json.loads(text)
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    return _servable(value) if _SURROGATE_ESCAPE.search(text) else value
+
+
+def _servable(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_servable(item) for item in value]
+    if isinstance(value, dict):
+        return {_servable(key): _servable(item) for key, item in value.items()}
     return value
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
 
 from farm.api.app import create_app
 from farm.config import Settings
@@ -67,6 +68,26 @@ def test_metadata_that_could_not_be_served_back_is_refused_and_the_batch_stays_r
     assert created.status_code == 201, created.text
     status = api.get(f"/v1/batches/{created.json()['id']}", headers=AUTH)
     assert status.status_code == 200 and status.json()["metadata"] == {"s": "\U0001f600"}
+
+
+def test_a_batch_and_a_trial_poisoned_before_the_rules_are_served_with_replacement(api: TestClient, pg_url: str):
+    # Given a batch and a trial whose metadata holds lone surrogates, as stored before the API refused them
+    # (PostgreSQL's json keeps the escapes as written)
+    created = api.post("/v1/batches", json={"tasks": [{"type": "echo", "config": {"text": "hi"}}]}, headers=AUTH)
+    trial = api.post("/v1/trials", json={}, headers=AUTH)
+    assert created.status_code == 201 and trial.status_code == 201, (created.text, trial.text)
+    poison = r'{"s": "a\udfff\ud800b", "\udc00": [1], "pair": "\ud83d\ude00"}'
+    engine = create_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE batches SET metadata = :m WHERE id = :id"), {"m": poison, "id": created.json()["id"]})
+        conn.execute(text("UPDATE trials SET metadata = :m WHERE id = :id"), {"m": poison, "id": trial.json()["id"]})
+    engine.dispose()
+    # When they are read, then each lone surrogate is served as U+FFFD and the rest as stored
+    served = {"s": "a\ufffd\ufffdb", "\ufffd": [1], "pair": "\U0001f600"}
+    batch = api.get(f"/v1/batches/{created.json()['id']}", headers=AUTH)
+    assert batch.status_code == 200 and batch.json()["metadata"] == served, batch.text
+    read = api.get(f"/v1/trials/{trial.json()['id']}", headers=AUTH)
+    assert read.status_code == 200 and read.json()["metadata"] == served, read.text
 
 
 def test_deeply_nested_metadata_is_a_422(api: TestClient):

@@ -424,3 +424,59 @@ def test_the_proxy_survives_fuzzing_on_every_route(fuzz_stack: EmbeddedStack) ->
     assert not tally.hangs, tally.hangs[:5]
     assert not tally.bad_shapes, tally.bad_shapes[:5]
     assert after_status == 200
+
+
+#: schemathesis's own environment (scripts/setup_schemathesis.sh), as tests/integration/test_fuzz.py.
+SCHEMATHESIS_VENV = Path(
+    os.environ.get("FARM_SCHEMATHESIS_VENV", Path(__file__).resolve().parents[3] / ".venv-schemathesis")
+)
+#: examples per operation and phase (5 operations and the models route): 300 made 2,711 cases in 14 min
+#: on 2 cores shared with other runs (load ~20), 60 made 797 in 3 min.
+SCHEMATHESIS_EXAMPLES = int(os.environ.get("FARM_PROXY_SCHEMATHESIS_EXAMPLES", "150"))
+
+
+@pytest.mark.fuzz
+@pytest.mark.timeout(1200)
+def test_schemathesis_finds_no_server_error_in_the_proxy(fuzz_stack: EmbeddedStack, tmp_path: Path) -> None:
+    """schemathesis over the proxy's OpenAPI document (``farm.proxy.openapi``, as the API serves it),
+    every phase and check, against a trial of the API process's proxy routes."""
+    import re
+    import subprocess
+
+    schemathesis = SCHEMATHESIS_VENV / "bin" / "schemathesis"
+    if not schemathesis.exists():
+        pytest.skip(f"no schemathesis environment at {SCHEMATHESIS_VENV}: run scripts/setup_schemathesis.sh")
+    trial = new_trial(fuzz_stack)
+    before = rss_by_process(fuzz_stack)
+    config = Path(__file__).with_name("schemathesis-proxy.toml")
+    spec = f"{fuzz_stack.settings.api_url}/proxy/openapi.json"
+    cmd = [
+        str(schemathesis),
+        "--config-file",
+        str(config),
+        "--no-color",
+        "run",
+        spec,
+        "--url",
+        trial["openai_base_url"],
+    ]
+    cmd += ["--checks", "all", "--header", f"Authorization: Bearer {trial['key']}", "--workers", "1"]
+    cmd += ["--max-examples", str(SCHEMATHESIS_EXAMPLES), "--seed", "20261128", "--generation-database", "none"]
+    # A valid call may ask for the whole context (2,048 tokens of the tiny model): seconds on 2 busy cores,
+    # past the response-time check's 10 s; a hang is still one past the request timeout (a network error).
+    cmd += ["--request-timeout", str(ANSWER_TIMEOUT_S), "--max-response-time", str(ANSWER_TIMEOUT_S)]
+    started = time.monotonic()
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=1100)
+    seconds = time.monotonic() - started
+    after = rss_by_process(fuzz_stack)
+    with httpx.Client(timeout=ANSWER_TIMEOUT_S) as http:
+        after_status = normal_call(http, new_trial(fuzz_stack))
+    found = re.search(r"Test cases:\s*\n\s*(\d+) generated", run.stdout)
+    print(f"\nproxy schemathesis: {found[1] if found else '?'} cases, exit {run.returncode}, {seconds:.0f} s")
+    print(f"proxy schemathesis: a normal call after: {after_status}; command: {' '.join(cmd)}")
+    for name in before:
+        was, now = before[name] / MIB, after.get(name, 0) / MIB
+        print(f"proxy schemathesis: RSS {name}: {was:.0f} MiB before, {now:.0f} MiB after ({now - was:+.0f})")
+    print(run.stdout[-4000:])
+    assert run.returncode == 0, f"{run.stdout[-20000:]}\n{run.stderr[-3000:]}"
+    assert after_status == 200

@@ -6,8 +6,10 @@ A farm of its own, with the proxy's bounds set small so each is crossed by a sma
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,7 +56,12 @@ def hostile_stack(
     settings = stack_settings(
         data_dir, redis_url=url, database_url=module_pg_url, model_dir=tiny_model_dir, node="hostile"
     )
-    settings = settings.model_copy(update={"proxy": settings.proxy.model_copy(update=LIMITS)})
+    settings = settings.model_copy(
+        update={
+            "proxy": settings.proxy.model_copy(update=LIMITS),
+            "api": settings.api.model_copy(update={"read_timeout_s": LIMITS["read_timeout_s"]}),
+        }
+    )
     stack = EmbeddedStack(settings, with_flower=False, with_llm=True)
     stack.start()
     try:
@@ -223,6 +230,63 @@ def test_a_client_trickling_its_body_is_answered_408_and_closed(trial: dict[str,
         while chunk := sock.recv(65536):  # the proxy answers and closes without the rest of the body
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+
+
+def test_the_api_process_closes_clients_trickling_bytes_and_serves_on(trial: dict[str, Any]) -> None:
+    # Given sockets to the API process (farm up's) trickling their headers, or a body to a proxy
+    # route or to an API route, a byte or a header line every 0.2 s and never the end
+    url = urlsplit(trial["openai_base_url"])
+    proxy_path = f"{url.path}/chat/completions"
+    starts = {
+        "headers": f"POST {proxy_path} HTTP/1.1\r\nHost: x\r\n",
+        "proxy body": f"POST {proxy_path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {trial['key']}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{",
+        "api body": "POST /v1/batches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer e2e-token\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{",
+    }
+    assert_serves_on(trial)  # warm: the normal call below is timed against the open sockets, not a cold start
+    socks = {}
+    for kind, start in starts.items():
+        for i in range(10):
+            sock = socket.create_connection((url.hostname, url.port or 80), timeout=10)
+            sock.sendall(start.encode())
+            sock.setblocking(False)
+            socks[(kind, i)] = sock
+    began = time.monotonic()
+    closed_after: dict[tuple[str, int], float] = {}
+    answers: dict[tuple[str, int], bytes] = {key: b"" for key in socks}
+    # While they are all open, a normal call is served
+    served = concurrent.futures.ThreadPoolExecutor(1).submit(assert_serves_on, trial)
+    try:
+        while len(closed_after) < len(socks) and time.monotonic() - began < 30:
+            for key, sock in socks.items():
+                if key in closed_after:
+                    continue
+                try:
+                    # Once an answer has begun nothing more is sent: a byte the server never reads
+                    # makes its close a reset, which may drop the answer before it is read here.
+                    if not answers[key]:
+                        sock.send(b"X-Slow: 1\r\n" if key[0] == "headers" else b" ")
+                    while chunk := sock.recv(65536):
+                        answers[key] += chunk
+                    closed_after[key] = time.monotonic() - began  # the end of the stream: closed
+                except BlockingIOError:
+                    continue
+                except OSError:  # reset, or written to after the close
+                    closed_after[key] = time.monotonic() - began
+            time.sleep(0.2)
+    finally:
+        for sock in socks.values():
+            sock.close()
+    served.result(timeout=60)
+    # Then each is closed within the deadline (2 s) and a little, a trickled body answered 408 first
+    assert sorted(set(socks) - set(closed_after)) == []
+    assert max(closed_after.values()) < LIMITS["read_timeout_s"] + 6, closed_after
+    for kind in ("proxy body", "api body"):
+        got = [answer for key, answer in answers.items() if key[0] == kind and answer]
+        # (one sent into the close may be reset before its answer is read: most are read)
+        assert len(got) >= 5 and all(a.startswith(b"HTTP/1.1 408") for a in got), (kind, [a[:200] for a in got])
+    assert_serves_on(trial)
 
 
 MIB = 1024 * 1024
