@@ -39,6 +39,13 @@ configs = {
     "echo": {"text": "hi"},
     "generate": {"messages": [{"role": "user", "content": "hi"}]},
     "harness": {"task": {"type": "harbor", "config": {"example": "hello-file"}}},
+    "swe-image": {
+        "image": "/images/instance.tar",
+        "instance": {
+            "instance_id": "a__b-1", "repo": "a/b", "base_commit": "0123456", "problem_statement": "fix it",
+            "test_cmd": "pytest -rA", "FAIL_TO_PASS": ["t.py::test_x"],
+        },
+    },
 }
 with TestClient(create_app(settings)) as client:
     assert client.get("/openapi.json").status_code == 200

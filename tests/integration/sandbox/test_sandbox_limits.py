@@ -21,7 +21,7 @@ from farm.sandbox import SandboxSpec, reap_sandboxes
 from farm.sandbox.base import Limits
 from farm.sandbox.disk import IMAGE_FILE
 from farm.sandbox.server_sandbox import ServerSandbox
-from tests.integration.sandbox.conftest import sandbox_owner
+from tests.integration.sandbox.conftest import IMAGE_DRIVER, RUNNABLE_DRIVERS, sandbox_owner
 
 IN_CI = bool(os.environ.get("CI"))
 MIB = 1024 * 1024
@@ -82,6 +82,14 @@ def _need_loop_quota(sandbox: ServerSandbox) -> None:
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture(params=[d for d in RUNNABLE_DRIVERS if d != IMAGE_DRIVER])
+def driver(request: pytest.FixtureRequest) -> str:
+    """The drivers whose sandboxes run Python and IPython, which these checks drive inside: an image
+    without Python has neither (its limits: the contract suite's ``bwrap-image`` cases and
+    test_image_sandbox.py)."""
+    return str(request.param)
 
 
 @pytest.fixture

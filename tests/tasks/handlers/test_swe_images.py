@@ -13,7 +13,8 @@ import pytest
 from farm.agent.toolcalls import format_call
 from farm.testing import run_stages
 from farm.testing.images import DEFAULT_PROGRAMS, host_image
-from tasks.swe.image import SweImageHandler, SweImageInstance, grade, parse_log
+from tasks.swe_image.config import SweImageInstance
+from tasks.swe_image.handler import SweImageHandler, grade, parse_log
 
 RUNNER = """#!/bin/bash
 # Prints one pytest -rA style line per test.

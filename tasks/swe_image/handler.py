@@ -19,8 +19,6 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
 from farm.agent.handler import AgentHandler
 from farm.agent.loop import Episode
 from farm.agent.toolbox import system_prompt
@@ -28,8 +26,8 @@ from farm.errors import SandboxError
 from farm.handlers.base import StageContext
 from farm.sandbox.base import Sandbox, SandboxSpec
 from farm.schemas import EvalResult, TrajectoryData
-from tasks.budget import EpisodeBudget
 from tasks.swe.handler import _GIT, PATCH_FILE, SweState, diff_command
+from tasks.swe_image.config import SweImageConfig, SweImageInstance
 
 #: statuses SWE-bench's log parser reads; a test passes with the first two.
 STATUSES = ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")
@@ -42,41 +40,6 @@ SYSTEM = (
     "cause and edit the source. Do not edit the tests: hidden tests decide whether the issue is resolved. "
     "When the fix is done, call submit."
 )
-
-
-class SweImageInstance(BaseModel):
-    """An instance record; field names are SWE-bench's (``test_cmd`` as in its harness specs)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    instance_id: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=200)
-    repo: str = Field(max_length=500)
-    base_commit: str = Field(pattern=r"^[0-9a-f]{7,64}$")
-    problem_statement: str = Field(max_length=200_000)
-    test_cmd: str = Field(min_length=1, max_length=10_000, description="bash, run in the repository")
-    FAIL_TO_PASS: list[str] = Field(min_length=1)
-    PASS_TO_PASS: list[str] = Field(default_factory=list)
-    test_patch: str = Field(default="", max_length=10_000_000)
-
-
-class SweImageConfig(EpisodeBudget):
-    """What a trainer submits: the record, the image, and where the repository is in it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    instance: SweImageInstance
-    image: str = Field(max_length=4096, description="the instance's image on the nodes (absolute path)")
-    workdir: str = Field(default="/testbed", pattern=r"^/[A-Za-z0-9_./-]*$", max_length=1000)
-    max_turns: int = Field(default=30, ge=1, le=500)
-    test_timeout_s: float = Field(default=300.0, gt=0, le=7200)
-
-    @field_validator("image")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        path = value.split(":", 1)[1] if value.split(":", 1)[0] in ("docker-archive", "oci", "oci-archive") else value
-        if not Path(path.removeprefix("dockerfile:")).is_absolute():
-            raise ValueError(f"image must be an absolute path on the nodes, got {value!r}")
-        return value
 
 
 def parse_log(output: str) -> dict[str, str]:

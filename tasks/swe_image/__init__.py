@@ -1,0 +1,1 @@
+"""SWE-bench-style instances run in their own images (``swe-image``)."""
