@@ -10,7 +10,9 @@ set -euo pipefail
 venv="${1:-${FARM_HARBOR_VENV:-.venv-harbor}}"
 python="${PYTHON312:-}"
 if [[ -z "$python" ]]; then
-    for candidate in python3.13 python3.12; do
+    # pyenv's shims answer only for the versions it has selected: its other versions by their path.
+    pyenv_versions=$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")/versions
+    for candidate in python3.13 python3.12 "$pyenv_versions"/3.1[2-9]*/bin/python3; do
         if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then
             python="$candidate"
             break

@@ -32,8 +32,9 @@ from tests.trajectories import lists, trajectories
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-#: ~190 tokens of the tiny model: ~3.8 s of decoding at 20 ms a step, seconds after the tests' pause lands.
-LONG = "one two three four five six seven eight nine ten " * 6
+#: ~310 tokens of the tiny model: ~6 s of decoding at 20 ms a step, so a pause lands mid-turn even on a
+#: loaded machine.
+LONG = "one two three four five six seven eight nine ten " * 10
 SCRIPT = {"rules": [{"match": "say it long", "turns": [LONG]}]}
 
 
@@ -229,6 +230,11 @@ def _wait_for(check: Callable[[], bool], what: str, timeout_s: float = 30) -> No
         time.sleep(0.1)
 
 
+def _phase(farm: FarmClient) -> str | None:
+    update = farm.weights().update
+    return update.phase if update is not None else None
+
+
 def test_an_api_killed_mid_resume_is_finished_by_the_next_one(stack, farm):
     batch = farm.submit([long_job()], group_size=2)
     wait_decoding(stack, 10)
@@ -250,6 +256,8 @@ def test_an_api_killed_mid_resume_is_finished_by_the_next_one(stack, farm):
     _restart_api(stack)
 
     _wait_for(lambda: not _backend_paused(stack), "the new API resumed the backend")
+    # It resumes the backends, then records the update done: the record may land a moment later.
+    _wait_for(lambda: _phase(farm) == "done", "the new API recorded the update done")
     after = farm.weights()
     assert after.update is not None and after.update.phase == "done" and after.version == version + 2
     assert not after.paused

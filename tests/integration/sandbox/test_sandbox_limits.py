@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import textwrap
 import time
 from collections.abc import Callable
@@ -202,6 +203,13 @@ def _server_pid(sandbox: ServerSandbox) -> int:
     """The execution server's pid on the host (inside bwrap it is pid 2 of its own namespace)."""
     candidates = set(sandbox._cgroups.pids())
     roots = {p.pid for p in sandbox.record.procs}
+    if sandbox.driver == "docker":  # the container's processes are the engine's children, not the client's
+        docker = [
+            sandbox.settings.docker_path,
+            *(["-H", sandbox.settings.docker_host] if sandbox.settings.docker_host else []),
+        ]
+        inspect = [*docker, "inspect", "--format", "{{.State.Pid}}", f"farm-{sandbox.id}"]
+        roots.add(int(subprocess.run(inspect, capture_output=True, text=True, check=True, timeout=30).stdout))
     for _ in range(3):  # without cgroups: the recorded process and its descendants
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
