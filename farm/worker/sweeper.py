@@ -110,8 +110,10 @@ class Sweeper:
                     log.info("Redis had no epoch (new, or restarted empty): set one; nothing owed was lost")
         except Exception:
             log.exception("epoch check failed")
+        turn = False
         try:
-            if take_turn(self._rt):
+            turn = take_turn(self._rt)
+            if turn:
                 sweep_once(self._rt, self._app)
                 self.reconciler.resend()
                 self.reconciler.hand_on_lost_nodes()
@@ -119,8 +121,12 @@ class Sweeper:
         except Exception:
             log.exception("lease sweep failed")
         try:
-            # Every process, not only the one with the turn: a deadline or a limit is due on time,
-            # and the row locks (SKIP LOCKED, a conditional UPDATE) keep two sweepers from acting twice.
-            deadlines.redrive(self._rt, self._app)
+            # One process per interval, as the lease sweep: the farm's turn comes round every interval,
+            # so a limit or a deadline is acted on within one (row locks keep two sweepers from acting
+            # twice). Every process every tick cost each process's small pool statements just as a
+            # database that was full came back, and a lease went unrenewed (the crash suite's
+            # test_a_full_database_costs_time_not_attempts: init:lost).
+            if turn:
+                deadlines.redrive(self._rt, self._app)
         except Exception:
             log.exception("deadline sweep failed")
